@@ -1,0 +1,1 @@
+"""assets: see README for what lives here."""

@@ -1,0 +1,183 @@
+"""The event bus over kafka-python: an idempotent producer and a consumer that never loses a message.
+
+Exactly-once does not come from Kafka transactions here (the local broker does not isolate aborted
+ones); it comes from at-least-once delivery (acks=all, commit after processing) plus consumers that are
+idempotent by `event_id`. Messages that do not decode into a valid event for their topic go to the
+dead-letter topic with the reason in headers, and the consumer moves on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from kafka import KafkaConsumer, KafkaProducer
+from kafka.admin import KafkaAdminClient, NewTopic
+from kafka.errors import TopicAlreadyExistsError
+from pydantic import ValidationError
+
+from pipeline.settings import StackSettings
+from pipeline.topics import ALL_TOPICS, DEAD_LETTER, Topic, accepts, partition_key, topic_of
+from schemas import Event, decode_event, encode_event
+
+Headers = list[tuple[str, bytes]]
+
+
+def topic_name(settings: StackSettings, topic: Topic) -> str:
+    return f"{settings.topic_prefix}.{topic.name}"
+
+
+def create_topics(settings: StackSettings, topics: Iterable[Topic] = ALL_TOPICS) -> None:
+    """Create the topics with their partition counts; existing ones are left alone."""
+    admin = KafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap, client_id="awrl-admin")
+    try:
+        existing = set(admin.list_topics())
+        new = [
+            NewTopic(topic_name(settings, t), num_partitions=t.partitions, replication_factor=1)
+            for t in topics
+            if topic_name(settings, t) not in existing
+        ]
+        if new:
+            try:
+                admin.create_topics(new)
+            except TopicAlreadyExistsError:  # another process won the race
+                pass
+    finally:
+        admin.close()
+
+
+class EventProducer:
+    """Publishes events to their topic, keyed for per-group order, acknowledged by all replicas."""
+
+    def __init__(self, settings: StackSettings, client_id: str = "awrl", linger_ms: int = 5):
+        self.settings = settings
+        self._kafka = KafkaProducer(
+            bootstrap_servers=settings.kafka_bootstrap,
+            client_id=client_id,
+            acks="all",
+            enable_idempotence=True,
+            linger_ms=linger_ms,
+            batch_size=256 * 1024,
+            max_request_size=16 * 1024 * 1024,
+            compression_type="gzip",
+        )
+
+    def publish(self, event: Event):
+        """Send asynchronously; the returned future raises if the broker never acknowledged it."""
+        headers: Headers = [
+            ("event_type", type(event).__name__.encode()),
+            ("schema_version", str(event.schema_version).encode()),
+        ]
+        return self.send_raw(topic_of(event), encode_event(event), partition_key(event), headers)
+
+    def publish_all(self, events: Iterable[Event], timeout: float = 60.0) -> int:
+        """Send and wait for every acknowledgement; raises on the first failure, returns the count."""
+        futures = [self.publish(e) for e in events]
+        self._kafka.flush(timeout=timeout)
+        for f in futures:
+            f.get(timeout=timeout)
+        return len(futures)
+
+    def send_raw(self, topic: Topic, value: bytes, key: bytes | None = None, headers: Headers | None = None):
+        return self._kafka.send(topic_name(self.settings, topic), value=value, key=key, headers=headers or [])
+
+    def flush(self, timeout: float | None = None) -> None:
+        self._kafka.flush(timeout=timeout)
+
+    def close(self) -> None:
+        self._kafka.close()
+
+
+@dataclass(frozen=True)
+class Delivered:
+    """A decoded event and where it came from."""
+
+    event: Event
+    topic: str
+    partition: int
+    offset: int
+
+
+class EventConsumer:
+    """A consumer-group member: `poll()` returns valid events, `commit()` after processing them.
+
+    Offsets cover everything `poll()` returned, including dead-lettered messages; those are
+    acknowledged by the dead-letter topic before `poll()` returns, so a commit can never lose one.
+    """
+
+    def __init__(
+        self,
+        settings: StackSettings,
+        group_id: str,
+        topics: Iterable[Topic],
+        producer: EventProducer,
+        client_id: str = "awrl",
+    ):
+        self.settings = settings
+        self._topics = {topic_name(settings, t): t for t in topics}
+        self._dead_letters = producer
+        self.dead_lettered = 0
+        # Short session timeout: the group forms in ~3 s instead of ~23 s (measured against the
+        # local broker); heartbeats keep a slow handler's member alive.
+        self._kafka = KafkaConsumer(
+            *self._topics,
+            bootstrap_servers=settings.kafka_bootstrap,
+            group_id=group_id,
+            client_id=client_id,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            session_timeout_ms=6000,
+            heartbeat_interval_ms=1000,
+            max_poll_records=1000,
+            max_partition_fetch_bytes=16 * 1024 * 1024,
+        )
+
+    def poll(self, timeout_ms: int = 1000, max_records: int | None = None) -> list[Delivered]:
+        batches = self._kafka.poll(timeout_ms=timeout_ms, max_records=max_records)
+        out: list[Delivered] = []
+        rejected = []
+        for tp, records in batches.items():
+            topic = self._topics[tp.topic]
+            for r in records:
+                reason = _rejection(topic, r.value)
+                if isinstance(reason, Event):
+                    out.append(Delivered(reason, tp.topic, tp.partition, r.offset))
+                else:
+                    rejected.append(self._dead_letter(r, reason))
+        for f in rejected:
+            f.get(timeout=60)
+        self.dead_lettered += len(rejected)
+        return out
+
+    def _dead_letter(self, record, reason: str):
+        headers: Headers = [
+            ("reason", reason[:2000].encode()),
+            ("source_topic", record.topic.encode()),
+            ("source_partition", str(record.partition).encode()),
+            ("source_offset", str(record.offset).encode()),
+            *[(f"source_{k}", v) for k, v in (record.headers or [])],
+        ]
+        return self._dead_letters.send_raw(DEAD_LETTER, record.value or b"", record.key, headers)
+
+    def commit(self) -> None:
+        self._kafka.commit()
+
+    def close(self) -> None:
+        self._kafka.close(autocommit=False)
+
+
+def _rejection(topic: Topic, value: bytes | None) -> Event | str:
+    """The decoded event, or the reason it cannot be accepted on `topic`."""
+    if value is None:
+        return "empty message (null value)"
+    try:
+        event = decode_event(value)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first.get("loc", ())) or "<root>"
+        return f"invalid event: {first['type']} at {where}: {first['msg']} ({exc.error_count()} errors)"
+    except (UnicodeDecodeError, ValueError) as exc:
+        return f"undecodable: {exc}"
+    if not accepts(topic, event):
+        return f"{type(event).__name__} does not belong on topic '{topic.name}'"
+    return event

@@ -1,0 +1,120 @@
+"""`awrl`: one command, a verb per job. Each verb imports its machinery lazily so `--help` is instant."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+app = typer.Typer(help="AsyncWebRL: event-sourced asynchronous multi-step RL for visual web agents.",
+                  no_args_is_help=True, pretty_exceptions_enable=False)
+stack_app = typer.Typer(help="The embedded local stack: Kafka-protocol broker + S3 store on 127.0.0.1.",
+                        no_args_is_help=True)
+app.add_typer(stack_app, name="stack")
+console = Console()
+
+DATA_DIR = typer.Option(Path(os.environ.get("AWRL_DATA_DIR", ".awrl/stack")), "--data-dir",
+                        help="Where the stack keeps its data, logs and PID record.")
+
+
+def _fail(message: str) -> None:
+    console.print(f"[bold red]error:[/] {message}")
+    raise typer.Exit(1)
+
+
+@stack_app.command("up")
+def stack_up(
+    data_dir: Path = DATA_DIR,
+    durable: bool = typer.Option(True, "--durable/--ephemeral",
+                                 help="Object store on a file that survives restarts, or in memory."),
+    kafka_port: int = typer.Option(None, help="Broker port (default: a free one)."),
+    s3_port: int = typer.Option(None, help="S3 port (default: a free one)."),
+    dotenv: Path = typer.Option(Path(".env"), help="Also write the connection settings here."),
+) -> None:
+    """Start the stack (or report the running one) and write its settings to .env."""
+    from pipeline.stack.local import LocalStack
+    from pipeline.stack.process import StackError
+
+    try:
+        with console.status("starting Kafka-protocol broker and S3 store ..."):
+            stack = LocalStack.up(data_dir, durable=durable, kafka_port=kafka_port, s3_port=s3_port)
+    except StackError as exc:
+        _fail(str(exc))
+    if not stack.write_dotenv(dotenv):
+        console.print(f"[yellow]{dotenv} exists and was not written by awrl; left it alone.[/] "
+                      f"Settings are in {data_dir / 'stack.env'}")
+    _print_status(stack)
+
+
+@stack_app.command("down")
+def stack_down(data_dir: Path = DATA_DIR) -> None:
+    """Stop exactly the processes `stack up` started."""
+    from pipeline.stack.local import LocalStack
+
+    stack = LocalStack.load(data_dir)
+    if stack is None:
+        console.print("no stack running from " + str(data_dir))
+        return
+    stack.down()
+    console.print(f"stopped {data_dir}")
+
+
+@stack_app.command("status")
+def stack_status(data_dir: Path = DATA_DIR) -> None:
+    """Each service, its port, PID and health; exit 1 if any is unhealthy."""
+    from pipeline.stack.local import LocalStack
+
+    stack = LocalStack.load(data_dir)
+    if stack is None:
+        _fail("no stack running from " + str(data_dir))
+    if not _print_status(stack):
+        raise typer.Exit(1)
+
+
+def _print_status(stack) -> bool:
+    health = stack.health()
+    table = Table(title=f"stack in {stack.data_dir}")
+    for col in ("service", "port", "pid", "health"):
+        table.add_column(col)
+    for s in stack.services:
+        ok = health.get(s.name, False)
+        table.add_row(s.name, str(s.port or "-"), str(s.pid), "[green]up[/]" if ok else "[red]down[/]")
+    console.print(table)
+    console.print(f"kafka {stack.kafka_bootstrap}   s3 http://{stack.s3.endpoint}   bucket {stack.bucket}")
+    return all(health.values())
+
+
+@app.command()
+def demo(
+    data_dir: Path = DATA_DIR,
+    groups: int = typer.Option(40, help="Sample task groups to publish (4 episodes each)."),
+    keep: bool = typer.Option(False, help="Leave the stack running afterwards."),
+) -> None:
+    """Run the main job on the local stack and print a summary."""
+    from pipeline.demo import run_demo
+    from pipeline.stack.local import LocalStack
+
+    already = LocalStack.load(data_dir)
+    with console.status("starting the local stack ..."):
+        stack = LocalStack.up(data_dir)
+    try:
+        summary = run_demo(stack.settings(), groups=groups)
+    finally:
+        if not keep and already is None:
+            stack.down()
+    table = Table(title=f"demo run {summary.run_id}")
+    table.add_column("what")
+    table.add_column("value", justify="right")
+    for k, v in vars(summary).items():
+        if k != "run_id":
+            table.add_row(k.replace("_", " "), f"{v:.1f}" if isinstance(v, float) else str(v))
+    console.print(table)
+    if summary.events_consumed != summary.events_published:
+        _fail("events lost between producer and consumer")
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,41 @@
+"""Where the stack is: one settings object read from the environment or `.env`.
+
+`awrl stack up` writes a `.env` of this shape for the embedded stack; docker-compose reads the same
+variables, so `dagster dev`, the CLI and the containers configure the code identically.
+"""
+
+from __future__ import annotations
+
+from pydantic import SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class StackSettings(BaseSettings):
+    """Connection settings for the event log and the object store (env prefix `AWRL_`)."""
+
+    model_config = SettingsConfigDict(env_prefix="AWRL_", env_file=".env", extra="ignore", frozen=True)
+
+    kafka_bootstrap: str = "127.0.0.1:9092"
+    """Kafka-protocol bootstrap address (Tansu locally, Apache Kafka in docker-compose)."""
+    topic_prefix: str = "awrl"
+    """Prefix of every topic name, so several deployments can share one cluster."""
+    s3_endpoint: str = "127.0.0.1:9000"
+    """S3 endpoint host:port (Ceph radosgw locally, MinIO in docker-compose)."""
+    s3_access_key: SecretStr | None = None
+    """S3 access key; generated per stack by `awrl stack up`, never a default."""
+    s3_secret_key: SecretStr | None = None
+    """S3 secret key; generated per stack by `awrl stack up`, never a default."""
+    s3_bucket: str = "awrl"
+    """Bucket holding screenshots, checkpoints and the ledger."""
+    s3_secure: bool = False
+    """Use HTTPS to reach the S3 endpoint."""
+    ledger_uri: str = "s3://awrl/ledger"
+    """Root of the Parquet ledger: `s3://bucket/prefix` or a local directory."""
+
+    def s3_credentials(self) -> tuple[str, str]:
+        if self.s3_access_key is None or self.s3_secret_key is None:
+            raise RuntimeError(
+                "S3 credentials missing: set AWRL_S3_ACCESS_KEY and AWRL_S3_SECRET_KEY "
+                "(`awrl stack up` writes them to .env; docker-compose reads them from .env)"
+            )
+        return self.s3_access_key.get_secret_value(), self.s3_secret_key.get_secret_value()

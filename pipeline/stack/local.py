@@ -1,0 +1,157 @@
+"""The embedded local stack: Tansu (Kafka protocol) + Ceph radosgw (S3) on 127.0.0.1, on free ports.
+
+`up` records what it started in `<data_dir>/stack.json` and writes the connection settings to
+`<data_dir>/stack.env` (mode 0600, the same variables docker-compose's `.env` uses). `down` stops
+exactly the PIDs in that record. The pytest fixture and `awrl stack up` both go through this class.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pipeline.settings import StackSettings
+from pipeline.stack.ceph import S3Credentials, s3_healthy, start_ceph_s3
+from pipeline.stack.process import ServiceProc, pid_alive, port_open, stop
+from pipeline.stack.tansu import start_tansu
+
+STATE_FILE = "stack.json"
+ENV_FILE = "stack.env"
+DOTENV_MARKER = "# written by `awrl stack up`; remove this line to keep your edits"
+
+
+@dataclass
+class LocalStack:
+    data_dir: Path
+    services: list[ServiceProc] = field(default_factory=list)
+    kafka_bootstrap: str = ""
+    s3: S3Credentials | None = None
+    durable: bool = True
+    bucket: str = "awrl"
+
+    # -- lifecycle -------------------------------------------------------------------------------
+    @classmethod
+    def up(cls, data_dir: Path, durable: bool = True, kafka_port: int | None = None,
+           s3_port: int | None = None, bucket: str = "awrl") -> LocalStack:
+        """Start the stack, or return the one already running from `data_dir`."""
+        data_dir = Path(data_dir).resolve()
+        data_dir.mkdir(parents=True, exist_ok=True)
+        running = cls.load(data_dir)
+        if running is not None and running.healthy():
+            return running
+        if running is not None:  # half-dead from a crash: clear it before starting anew
+            running.down()
+        stack = cls(data_dir=data_dir, durable=durable, bucket=bucket)
+        try:
+            kafka = start_tansu(data_dir, port=kafka_port)
+            stack.services.append(kafka)
+            stack.kafka_bootstrap = f"127.0.0.1:{kafka.port}"
+            stack.s3, ceph = start_ceph_s3(data_dir / "ceph", durable=durable, rgw_port=s3_port)
+            stack.services.extend(ceph)
+            stack._save()
+            stack._bootstrap()
+        except BaseException:
+            stack.down()
+            raise
+        return stack
+
+    def _bootstrap(self) -> None:
+        from pipeline.bus import create_topics
+        from pipeline.store import ScreenshotStore
+
+        settings = self.settings()
+        create_topics(settings)
+        ScreenshotStore.from_settings(settings).ensure_bucket()
+
+    def down(self) -> None:
+        """Stop every PID we started (reverse start order), then forget them."""
+        for proc in reversed(self.services):
+            stop(proc)
+        self.services = []
+        (self.data_dir / STATE_FILE).unlink(missing_ok=True)
+
+    # -- state -----------------------------------------------------------------------------------
+    @classmethod
+    def load(cls, data_dir: Path) -> LocalStack | None:
+        path = Path(data_dir).resolve() / STATE_FILE
+        if not path.exists():
+            return None
+        raw = json.loads(path.read_text())
+        return cls(
+            data_dir=Path(raw["data_dir"]),
+            services=[ServiceProc(**s) for s in raw["services"]],
+            kafka_bootstrap=raw["kafka_bootstrap"],
+            s3=S3Credentials(**raw["s3"]) if raw.get("s3") else None,
+            durable=raw["durable"],
+            bucket=raw["bucket"],
+        )
+
+    def _save(self) -> None:
+        state = {
+            "data_dir": str(self.data_dir),
+            "services": [s.to_dict() for s in self.services],
+            "kafka_bootstrap": self.kafka_bootstrap,
+            "s3": vars(self.s3) if self.s3 else None,
+            "durable": self.durable,
+            "bucket": self.bucket,
+        }
+        _write_private(self.data_dir / STATE_FILE, json.dumps(state, indent=2))
+        _write_private(self.data_dir / ENV_FILE, self.dotenv())
+
+    # -- views -----------------------------------------------------------------------------------
+    def settings(self) -> StackSettings:
+        assert self.s3 is not None, "stack has no S3 service"
+        return StackSettings(
+            kafka_bootstrap=self.kafka_bootstrap,
+            s3_endpoint=self.s3.endpoint,
+            s3_access_key=self.s3.access_key,
+            s3_secret_key=self.s3.secret_key,
+            s3_bucket=self.bucket,
+            ledger_uri=f"s3://{self.bucket}/ledger",
+            _env_file=None,
+        )
+
+    def dotenv(self) -> str:
+        s = self.settings()
+        access, secret = s.s3_credentials()
+        lines = [
+            DOTENV_MARKER,
+            f"AWRL_KAFKA_BOOTSTRAP={s.kafka_bootstrap}",
+            f"AWRL_S3_ENDPOINT={s.s3_endpoint}",
+            f"AWRL_S3_ACCESS_KEY={access}",
+            f"AWRL_S3_SECRET_KEY={secret}",
+            f"AWRL_S3_BUCKET={s.s3_bucket}",
+            f"AWRL_S3_SECURE={str(s.s3_secure).lower()}",
+            f"AWRL_LEDGER_URI={s.ledger_uri}",
+        ]
+        return "\n".join(lines) + "\n"
+
+    def write_dotenv(self, path: Path) -> bool:
+        """Write `.env` for `dagster dev` and the CLI; never overwrite a file a person wrote."""
+        if path.exists() and not path.read_text().startswith(DOTENV_MARKER):
+            return False
+        _write_private(path, self.dotenv())
+        return True
+
+    def health(self) -> dict[str, bool]:
+        out = {s.name: pid_alive(s) for s in self.services}
+        if "kafka" in out:
+            out["kafka"] = out["kafka"] and port_open(int(self.kafka_bootstrap.rsplit(":", 1)[1]))
+        if "s3" in out and self.s3 is not None:
+            out["s3"] = out["s3"] and s3_healthy(self.s3)
+        return out
+
+    def healthy(self) -> bool:
+        h = self.health()
+        return bool(h) and all(h.values())
+
+
+def _write_private(path: Path, text: str) -> None:
+    """Write atomically with mode 0600 (the file may hold credentials)."""
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)

@@ -1,0 +1,135 @@
+"""Starting and stopping the stack's daemons: by PID, never by name.
+
+Every daemon is started in its own session (so `awrl stack up` can exit and leave it running) and
+recorded as a `ServiceProc`. Stopping checks that the PID still runs the binary we started before
+signalling it, so a recycled PID of somebody else's process is never killed.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+
+class StackError(RuntimeError):
+    """A stack service could not start or be reached; the message says which and why."""
+
+
+@dataclass(frozen=True)
+class ServiceProc:
+    """One daemon we started."""
+
+    name: str
+    """Service name shown by `awrl stack status` (e.g. `kafka`, `ceph-mon`, `s3`)."""
+    pid: int
+    """Process id we started; the only handle `down` uses."""
+    port: int | None
+    """TCP port on 127.0.0.1 it serves, if any."""
+    binary: str
+    """Absolute path of the executable; checked against /proc before signalling the PID."""
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def require_binary(path: str | os.PathLike, hint: str) -> str:
+    """Fail fast, naming the missing binary and how to install it."""
+    p = Path(path)
+    if not (p.is_file() and os.access(p, os.X_OK)):
+        raise StackError(f"binary not found or not executable: {p} ({hint})")
+    return str(p)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def ensure_port_free(port: int, service: str) -> None:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError as exc:
+            raise StackError(f"{service}: port 127.0.0.1:{port} is already taken ({exc.strerror})") from None
+
+
+def port_open(port: int, host: str = "127.0.0.1", timeout: float = 0.5) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def spawn(name: str, argv: list[str], log_path: Path, port: int | None = None, env: dict | None = None) -> ServiceProc:
+    """Start a daemon detached from our session; stdout/stderr go to `log_path`."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env={**os.environ, **(env or {})},
+        )
+    return ServiceProc(name=name, pid=proc.pid, port=port, binary=os.path.realpath(argv[0]))
+
+
+def wait_until(check, what: str, timeout: float, proc: ServiceProc | None = None, log_path: Path | None = None) -> None:
+    """Poll `check()` until true; fail with the log tail if the process died or time ran out."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return
+        if proc is not None and not pid_alive(proc):
+            raise StackError(f"{what}: process {proc.pid} exited during startup{_tail(log_path)}")
+        time.sleep(0.1)
+    raise StackError(f"{what}: not ready after {timeout:.0f}s{_tail(log_path)}")
+
+
+def _tail(log_path: Path | None, n: int = 15) -> str:
+    if log_path is None or not log_path.exists():
+        return ""
+    lines = log_path.read_text(errors="replace").splitlines()[-n:]
+    return "\n  log " + str(log_path) + ":\n    " + "\n    ".join(lines)
+
+
+def pid_alive(proc: ServiceProc) -> bool:
+    """True if `proc.pid` runs and still is the binary we started (guards against PID reuse)."""
+    try:
+        exe = os.readlink(f"/proc/{proc.pid}/exe")
+        with open(f"/proc/{proc.pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z" and os.path.realpath(exe.removesuffix(" (deleted)")) == proc.binary
+
+
+def stop(proc: ServiceProc, timeout: float = 10.0) -> None:
+    """SIGTERM, then SIGKILL after `timeout`; reaps it if it is our child."""
+    for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 5.0)):
+        if not pid_alive(proc):
+            break
+        try:
+            os.kill(proc.pid, sig)
+        except ProcessLookupError:
+            break
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline and pid_alive(proc):
+            _reap(proc.pid)
+            time.sleep(0.05)
+    _reap(proc.pid)
+
+
+def _reap(pid: int) -> None:
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass

@@ -1,0 +1,1 @@
+"""rollout: see README for what lives here."""

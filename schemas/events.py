@@ -1,0 +1,223 @@
+"""The event vocabulary: every fact the system records, as a frozen pydantic model.
+
+Events are past-tense facts, immutable once emitted (eventsourcing's convention). Every table of the
+ledger, every trainer batch and every replay is a fold over these. The Arrow/Parquet schemas are derived
+from these classes (`schemas.arrow`), so a field is declared here and nowhere else.
+
+Bump `SCHEMA_VERSION` on any change a reader of old Parquet files must know about.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
+
+from schemas.actions import Action
+
+SCHEMA_VERSION = 1
+Sha256 = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+Outcome = Literal["success", "failure", "env_error"]
+
+
+def _new_id() -> str:
+    return uuid.uuid4().hex
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+class Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Event(Frozen):
+    """Fields every event carries."""
+
+    event_id: str = Field(default_factory=_new_id)
+    """Globally unique id; the ledger deduplicates on it (exactly-once comes from here, not Kafka)."""
+    run_id: str
+    """The training run this fact belongs to; the ledger partitions by it."""
+    schema_version: int = SCHEMA_VERSION
+    """Version of this vocabulary the event was written with."""
+    emitted_at: datetime = Field(default_factory=_now)
+    """UTC time the producer created the event."""
+
+
+class TaskGroupDispatched(Event):
+    """The dispatcher asked the rollout pool for G episodes of one task (one GRPO group)."""
+
+    event_type: Literal["TaskGroupDispatched"] = "TaskGroupDispatched"
+    group_id: str
+    task_id: str
+    suite: str
+    seed: int
+    group_size: int = Field(ge=1)
+    horizon: int = Field(ge=1)
+    """Maximum steps per episode (Easy 10, Medium 20, Hard 30)."""
+    dispatched_at_version: int = Field(ge=0)
+    """Trainer policy version when dispatched; the staleness budget is computed from it."""
+
+
+class EpisodeStarted(Event):
+    event_type: Literal["EpisodeStarted"] = "EpisodeStarted"
+    trajectory_id: str
+    group_id: str
+    task_id: str
+    worker_id: str
+    instruction: str
+    horizon: int = Field(ge=1)
+    policy_version: int = Field(ge=0)
+    """Version loaded when the episode began; later steps may use newer ones (in-place refresh)."""
+
+
+class StepTimings(Frozen):
+    policy_s: float = Field(ge=0)
+    """Time the policy took to produce the response."""
+    browser_s: float = Field(ge=0)
+    """Time executing the action and taking the screenshot."""
+    wait_s: float = Field(ge=0)
+    """Time waiting for the page to settle."""
+
+
+class StepRecorded(Event):
+    """One agent step. Pixels are referenced by sha256 in the screenshot store, never carried here."""
+
+    event_type: Literal["StepRecorded"] = "StepRecorded"
+    trajectory_id: str
+    group_id: str
+    task_id: str
+    step: int = Field(ge=0)
+    screenshot_sha256: Sha256
+    """The observation screenshot this step acted on."""
+    url: str
+    action: Action
+    response_text: str
+    memory: dict[str, str]
+    """The agent's accumulated `memory` object after this step (values as text)."""
+    prompt_token_ids: list[int]
+    """Exact model input ids, so training and replay rebuild the input without re-rendering."""
+    prompt_screenshot_sha256: list[Sha256]
+    """Screenshots in the prompt, in prompt order (the last K observations)."""
+    response_token_ids: list[int]
+    behave_logprobs: list[float]
+    """log pi_behave of each response token, from the sampler."""
+    token_policy_versions: list[int]
+    """Policy version that produced each response token (weights may refresh mid-episode)."""
+    env_feedback: str
+    """Text the environment reported back (what the action did)."""
+    error_class: str | None = None
+    """Set when the step failed: `invalid_action`, `timeout`, `browser_crash`, ..."""
+    timings: StepTimings
+
+    @model_validator(mode="after")
+    def _aligned_tokens(self) -> StepRecorded:
+        n = len(self.response_token_ids)
+        if len(self.behave_logprobs) != n or len(self.token_policy_versions) != n:
+            raise ValueError(
+                f"response_token_ids ({n}), behave_logprobs ({len(self.behave_logprobs)}) and "
+                f"token_policy_versions ({len(self.token_policy_versions)}) must have equal length"
+            )
+        return self
+
+
+class EpisodeFinished(Event):
+    event_type: Literal["EpisodeFinished"] = "EpisodeFinished"
+    trajectory_id: str
+    group_id: str
+    task_id: str
+    outcome: Outcome
+    reward: float
+    """Trajectory reward from the judge: 1.0 success, 0.0 otherwise."""
+    num_steps: int = Field(ge=0)
+    reason: str
+    """Why it ended: judge verdict, horizon reached, or the environment error."""
+    answer: str | None = None
+
+
+class GroupCompleted(Event):
+    """All G episodes of a task group ended; the group is ready for advantages and training."""
+
+    event_type: Literal["GroupCompleted"] = "GroupCompleted"
+    group_id: str
+    task_id: str
+    trajectory_ids: list[str]
+    rewards: list[float]
+    num_steps: list[int]
+    """Steps per trajectory, so a consumer knows when it holds every step of the group."""
+    outcomes: list[Outcome]
+    min_policy_version: int
+    max_policy_version: int
+
+    @model_validator(mode="after")
+    def _aligned(self) -> GroupCompleted:
+        n = len(self.trajectory_ids)
+        if not (len(self.rewards) == len(self.num_steps) == len(self.outcomes) == n):
+            raise ValueError("trajectory_ids, rewards, num_steps and outcomes must have equal length")
+        return self
+
+
+class UpdateApplied(Event):
+    """One optimizer step of the trainer, with the exact batch and what it did."""
+
+    event_type: Literal["UpdateApplied"] = "UpdateApplied"
+    update_step: int = Field(ge=0)
+    version_before: int = Field(ge=0)
+    version_after: int = Field(ge=0)
+    group_ids: list[str]
+    trajectory_ids: list[str]
+    loss: float
+    grad_norm: float
+    stats: dict[str, float]
+    """Loss statistics (clip fraction, staleness weights, KL, entropy, ...), detached."""
+    config_json: str
+    """The trainer config of this update, so replay can rebuild it."""
+    weights_sha256: Sha256
+    """Hash of the weights after the update (replay checks bit-exactness against it)."""
+    duration_s: float = Field(ge=0)
+
+
+class PolicyVersionPublished(Event):
+    """A checkpoint is in the object store; rollout workers refresh to it between steps."""
+
+    event_type: Literal["PolicyVersionPublished"] = "PolicyVersionPublished"
+    version: int = Field(ge=0)
+    checkpoint_uri: str
+    checkpoint_sha256: Sha256
+    update_step: int | None = None
+    """The update that produced it; None for the initial policy."""
+
+
+EVENT_TYPES: tuple[type[Event], ...] = (
+    TaskGroupDispatched,
+    EpisodeStarted,
+    StepRecorded,
+    EpisodeFinished,
+    GroupCompleted,
+    UpdateApplied,
+    PolicyVersionPublished,
+)
+AnyEvent = Annotated[
+    TaskGroupDispatched
+    | EpisodeStarted
+    | StepRecorded
+    | EpisodeFinished
+    | GroupCompleted
+    | UpdateApplied
+    | PolicyVersionPublished,
+    Field(discriminator="event_type"),
+]
+EVENT_ADAPTER: TypeAdapter[Event] = TypeAdapter(AnyEvent)
+BY_NAME: dict[str, type[Event]] = {cls.__name__: cls for cls in EVENT_TYPES}
+
+
+def decode_event(raw: bytes | str) -> Event:
+    """Parse JSON into the right event class; raises `pydantic.ValidationError` on anything else."""
+    return EVENT_ADAPTER.validate_json(raw)
+
+
+def encode_event(event: Event) -> bytes:
+    return event.model_dump_json().encode()

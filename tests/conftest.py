@@ -1,0 +1,27 @@
+"""Shared fixtures: one real local stack (Tansu + Ceph radosgw) per test session, stopped by PID."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from pipeline.settings import StackSettings
+from pipeline.stack.local import LocalStack
+
+
+@pytest.fixture(scope="session")
+def stack(tmp_path_factory) -> LocalStack:
+    s = LocalStack.up(tmp_path_factory.mktemp("stack"), durable=False)
+    yield s
+    s.down()
+
+
+@pytest.fixture()
+def settings(stack: LocalStack) -> StackSettings:
+    """Settings with a topic prefix of its own, so each test sees only its own messages."""
+    from pipeline.bus import create_topics
+
+    s = stack.settings().model_copy(update={"topic_prefix": f"t{uuid.uuid4().hex[:8]}"})
+    create_topics(s)
+    return s

@@ -1,0 +1,97 @@
+import pyarrow as pa
+import pytest
+from pydantic import ValidationError
+
+from pipeline.samples import sample_group, sample_step
+from schemas import (
+    EVENT_TYPES,
+    Action,
+    PolicyVersionPublished,
+    TaskGroupDispatched,
+    UpdateApplied,
+    arrow_schema,
+    decode_event,
+    encode_event,
+    events_to_table,
+    table_to_events,
+)
+
+SHA = "ab" * 32
+
+
+def one_of_each():
+    events = list(sample_group("run", "g0", [SHA], group_size=2, steps=3, seed=1))
+    events += [
+        TaskGroupDispatched(run_id="run", group_id="g0", task_id="t", suite="shop", seed=3, group_size=2,
+                            horizon=10, dispatched_at_version=0),
+        UpdateApplied(run_id="run", update_step=0, version_before=0, version_after=1, group_ids=["g0"],
+                      trajectory_ids=["g0-t0"], loss=0.5, grad_norm=1.25, stats={"clip_frac": 0.1},
+                      config_json="{}", weights_sha256=SHA, duration_s=2.0),
+        PolicyVersionPublished(run_id="run", version=1, checkpoint_uri="s3://awrl/ckpt/1",
+                               checkpoint_sha256=SHA, update_step=0),
+    ]
+    return events
+
+
+def test_every_event_type_is_covered():
+    assert {type(e) for e in one_of_each()} == set(EVENT_TYPES)
+
+
+@pytest.mark.parametrize("cls", EVENT_TYPES, ids=lambda c: c.__name__)
+def test_event_arrow_event_round_trip(cls, tmp_path):
+    import pyarrow.parquet as pq
+
+    events = [e for e in one_of_each() if type(e) is cls]
+    table = events_to_table(events)
+    assert table.schema == arrow_schema(cls)
+    pq.write_table(table, tmp_path / "t.parquet")
+    assert table_to_events(pq.read_table(tmp_path / "t.parquet"), cls) == events
+
+
+def test_arrow_schema_is_derived_from_the_model():
+    schema = arrow_schema(type(sample_step("r", "g", "t", 0, SHA)))
+    assert schema.field("memory").type == pa.map_(pa.string(), pa.string())
+    assert schema.field("behave_logprobs").type == pa.list_(pa.float64())
+    assert schema.field("action").type.get_field_index("mark") >= 0
+    assert schema.field("error_class").nullable and not schema.field("step").nullable
+
+
+def test_json_round_trip_picks_the_class():
+    for e in one_of_each():
+        assert decode_event(encode_event(e)) == e
+
+
+def test_events_are_frozen_and_strict():
+    e = sample_step("r", "g", "t", 0, SHA)
+    with pytest.raises(ValidationError):
+        e.step = 3
+    with pytest.raises(ValidationError, match="extra"):
+        type(e).model_validate({**e.model_dump(), "pixels": "..."})
+
+
+def test_token_fields_must_align():
+    e = sample_step("r", "g", "t", 0, SHA, response_tokens=4)
+    with pytest.raises(ValidationError, match="must have equal length"):
+        type(e).model_validate({**e.model_dump(), "behave_logprobs": [0.0]})
+
+
+def test_screenshot_hash_is_checked():
+    e = sample_step("r", "g", "t", 0, SHA)
+    with pytest.raises(ValidationError, match="screenshot_sha256"):
+        type(e).model_validate({**e.model_dump(), "screenshot_sha256": "not-a-hash"})
+
+
+@pytest.mark.parametrize("args, missing", [
+    ({"kind": "click", "x": 3}, "x and y, or mark"),
+    ({"kind": "type"}, "text"),
+    ({"kind": "goto"}, "url"),
+    ({"kind": "scroll", "dx": 0}, "dy"),
+])
+def test_action_arguments_checked(args, missing):
+    with pytest.raises(ValidationError, match=missing):
+        Action(**args)
+
+
+def test_click_by_mark_or_coordinates():
+    assert Action(kind="click", mark=7).mark == 7
+    assert Action(kind="click", x=1, y=2).x == 1

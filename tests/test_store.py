@@ -1,0 +1,54 @@
+"""The content-addressed screenshot store against the real radosgw."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+from minio import Minio
+from minio.error import S3Error
+
+from pipeline.hashing import sha256_hex
+from pipeline.samples import render_page
+from pipeline.store import ScreenshotCorrupted, ScreenshotStore
+
+
+@pytest.fixture(scope="module")
+def pages():
+    return [render_page(f"page {i}", lines=3, size=(320, 180), seed=i) for i in range(200)]
+
+
+def test_put_twice_stores_once_and_reads_back_verified(stack, pages):
+    store = ScreenshotStore.from_settings(stack.settings())
+    store.prefix = "test-dedup"
+    hashes = [store.put(p) for p in pages] + [store.put(p) for p in pages]
+    assert hashes[:200] == hashes[200:] == [sha256_hex(p) for p in pages]
+    assert (store.stats.puts, store.stats.dedup_hits) == (200, 200)
+    objects = list(store.client.list_objects(store.bucket, prefix="test-dedup/", recursive=True))
+    assert len(objects) == 200
+    fetched = store.get_many(hashes)
+    assert [fetched[h] for h in hashes[:200]] == pages
+
+
+def test_tampered_object_fails_verification(stack, pages):
+    store = ScreenshotStore.from_settings(stack.settings())
+    digest = store.put(pages[0])
+    evil = b"not the screenshot"
+    store.client.put_object(store.bucket, store.key(digest), io.BytesIO(evil), len(evil))
+    with pytest.raises(ScreenshotCorrupted, match=digest[:8]):
+        store.get(digest)
+
+
+def test_oversized_screenshot_rejected(stack):
+    store = ScreenshotStore.from_settings(stack.settings())
+    with pytest.raises(ValueError, match="exceeds"):
+        store.put(b"\0" * (17 * 1024 * 1024))
+
+
+def test_wrong_secret_is_rejected_by_the_server(stack):
+    s = stack.settings()
+    access, secret = s.s3_credentials()
+    client = Minio(s.s3_endpoint, access_key=access, secret_key=secret[::-1] + "x", secure=False)
+    with pytest.raises(S3Error) as err:
+        client.bucket_exists(s.s3_bucket)
+    assert err.value.code in ("SignatureDoesNotMatch", "AccessDenied", "InvalidAccessKeyId")

@@ -1,0 +1,1 @@
+"""trainer: see README for what lives here."""
