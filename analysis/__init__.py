@@ -1,1 +1,1 @@
-"""analysis: see README for what lives here."""
+"""DuckDB analysis over the ledger, drift metrics and replay (ledger and replay issues)."""

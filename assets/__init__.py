@@ -1,1 +1,1 @@
-"""assets: see README for what lives here."""
+"""Dagster definitions over the Parquet ledger (ledger issue)."""

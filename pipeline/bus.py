@@ -59,7 +59,7 @@ class EventProducer:
             linger_ms=linger_ms,
             batch_size=256 * 1024,
             max_request_size=16 * 1024 * 1024,
-            compression_type="gzip",
+            compression_type=settings.kafka_compression,
         )
 
     def publish(self, event: Event):

@@ -17,6 +17,10 @@ class StackSettings(BaseSettings):
 
     kafka_bootstrap: str = "127.0.0.1:9092"
     """Kafka-protocol bootstrap address (Tansu locally, Apache Kafka in docker-compose)."""
+    kafka_compression: str | None = None
+    """Producer compression (`zstd`, `gzip` or none). None by default: on loopback, compressing in
+    the client costs more CPU than the bytes it saves (measured 5.2k vs 2.5k events/s with zstd);
+    across a real network to Apache Kafka, `zstd` cuts the bytes ~2.5x."""
     topic_prefix: str = "awrl"
     """Prefix of every topic name, so several deployments can share one cluster."""
     s3_endpoint: str = "127.0.0.1:9000"

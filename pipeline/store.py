@@ -85,6 +85,11 @@ class ScreenshotStore:
         self.stats.bytes_uploaded += len(data)
         return digest
 
+    def put_many(self, images: Iterable[bytes], workers: int = 8) -> list[str]:
+        """Store in parallel (a PUT waits on the OSD; several in flight hide that latency)."""
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            return list(pool.map(self.put, images))
+
     def get(self, sha256: str) -> bytes:
         """The bytes stored under `sha256`, verified; raises ScreenshotCorrupted on mismatch."""
         try:

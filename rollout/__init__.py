@@ -1,1 +1,1 @@
-"""rollout: see README for what lives here."""
+"""Rollout: the everlasting browser pool, task suites and policy backends (built in the rollout issue)."""

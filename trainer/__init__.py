@@ -1,1 +1,1 @@
-"""trainer: see README for what lives here."""
+"""Trainer: losses, the version-filtered batch builder and the torchrun entry point (trainer issue)."""

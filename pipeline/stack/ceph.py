@@ -30,15 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.stack.process import (
-    ServiceProc,
-    StackError,
-    ensure_port_free,
-    free_port,
-    port_open,
-    require_binary,
-    spawn,
-    stop,
-    wait_until,
+    ServiceProc, StackError, ensure_port_free, free_port, port_open, require_binary, spawn, stop, wait_until,
 )
 
 _HINT = "apt-get install radosgw ceph-mon ceph-osd"
@@ -108,7 +100,7 @@ mon data = {d}/mon
 [osd.0]
 osd data = {d}/osd0
 [client.rgw.a]
-rgw frontends = beast endpoint=127.0.0.1:{rgw_port}
+rgw frontends = beast endpoint=127.0.0.1:{rgw_port} tcp_nodelay=1
 rgw data = {d}/rgw
 rgw thread pool size = 64
 """

@@ -1,0 +1,45 @@
+"""Smoke tests of the entry points with tiny budgets."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from pipeline.stack.local import LocalStack
+from pipeline.store import ScreenshotStore
+
+
+def test_demo_runs_on_the_running_stack(stack):
+    out = subprocess.run(
+        [sys.executable, "-m", "pipeline.cli", "demo", "--groups", "5", "--data-dir", str(stack.data_dir)],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "events consumed" in out.stdout
+    assert stack.healthy(), "demo must not stop a stack it did not start"
+
+
+def test_every_verb_has_help():
+    top = subprocess.run([sys.executable, "-m", "pipeline.cli", "--help"], capture_output=True, text=True)
+    assert top.returncode == 0
+    for verb in (["stack"], ["stack", "up"], ["stack", "down"], ["stack", "status"], ["demo"]):
+        out = subprocess.run([sys.executable, "-m", "pipeline.cli", *verb, "--help"], capture_output=True, text=True)
+        assert out.returncode == 0 and "Usage" in out.stdout, verb
+
+
+@pytest.mark.slow
+def test_durable_store_survives_a_stack_restart(tmp_path):
+    stack = LocalStack.up(tmp_path, durable=True)
+    try:
+        digest = ScreenshotStore.from_settings(stack.settings()).put(b"\x89PNG survives restart")
+        creds = stack.s3
+    finally:
+        stack.down()
+    stack = LocalStack.up(tmp_path, durable=True)
+    try:
+        assert stack.s3.access_key == creds.access_key
+        assert ScreenshotStore.from_settings(stack.settings()).get(digest) == b"\x89PNG survives restart"
+    finally:
+        stack.down()
