@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from kafka import KafkaConsumer, KafkaProducer
 from kafka.admin import KafkaAdminClient, NewTopic
 from kafka.errors import TopicAlreadyExistsError
+from kafka.structs import OffsetAndMetadata, TopicPartition
 from pydantic import ValidationError
 
 from pipeline.settings import StackSettings
@@ -159,8 +160,19 @@ class EventConsumer:
         ]
         return self._dead_letters.send_raw(DEAD_LETTER, record.value or b"", record.key, headers)
 
-    def commit(self) -> None:
-        self._kafka.commit()
+    def commit(self, offsets: dict[tuple[str, int], int] | None = None) -> None:
+        """Commit every position `poll()` reached, or exactly `{(topic, partition): next_offset}`."""
+        if offsets is None:
+            self._kafka.commit()
+            return
+        self._kafka.commit({TopicPartition(t, p): OffsetAndMetadata(o, "", -1) for (t, p), o in offsets.items()})
+
+    def pause(self) -> None:
+        """Stop fetching (the member stays in the group while `poll()` keeps being called)."""
+        self._kafka.pause(*self._kafka.assignment())
+
+    def resume(self) -> None:
+        self._kafka.resume(*self._kafka.paused())
 
     def close(self) -> None:
         self._kafka.close(autocommit=False)
