@@ -116,5 +116,35 @@ def demo(
         _fail("events lost between producer and consumer")
 
 
+@app.command()
+def rollout(
+    suite: str = typer.Option("sites", help="Task suite: sites (our multi-page sites) or miniwob."),
+    policy: str = typer.Option("oracle", help="Policy backend: oracle, random, local, vllm."),
+    workers: int = typer.Option(4, help="Browsers kept alive in this process."),
+    group_size: int = typer.Option(4, "--group-size", "-g", help="Episodes per task group (GRPO's G)."),
+    episodes: int = typer.Option(16, help="Stop after this many episodes (whole groups)."),
+    forever: bool = typer.Option(False, help="Run until interrupted (overrides --episodes)."),
+    dispatch: bool = typer.Option(True, help="Also dispatch task groups (off when a dispatcher runs elsewhere)."),
+    som: bool = typer.Option(False, help="Set-of-Mark observations instead of pure pixels."),
+    split: str = typer.Option("train", help="Task split to dispatch: train or heldout."),
+    run_id: str = typer.Option("", help="Run id (default: a new one)."),
+    model_dir: Path = typer.Option(None, help="HF model directory for --policy local."),
+    vllm_url: str = typer.Option(None, help="OpenAI-compatible vLLM server for --policy vllm."),
+    seed: int = typer.Option(0),
+) -> None:
+    """Drive real browsers through a task suite with a policy; every step goes to the event log."""
+    from pipeline.settings import StackSettings
+    from rollout.episode import EpisodeConfig
+    from rollout.run import RolloutRequest, run_rollout
+
+    req = RolloutRequest(suite=suite, policy=policy, workers=workers, group_size=group_size,
+                         episodes=None if forever else episodes, dispatch=dispatch, split=split,
+                         run_id=run_id, seed=seed, model_dir=model_dir, vllm_url=vllm_url,
+                         episode=EpisodeConfig(som=som))
+    stats = run_rollout(StackSettings(), req)
+    console.print(f"episodes {stats.episodes}  success {stats.successes / max(stats.episodes, 1):.3f}  "
+                  f"env_errors {stats.env_errors}  steps {stats.steps}  steps/s {stats.steps_per_s:.2f}")
+
+
 if __name__ == "__main__":
     app()

@@ -56,6 +56,7 @@ def sample_step(run_id: str, group_id: str, trajectory_id: str, step: int, scree
         response_token_ids=[rng.randrange(32000) for _ in range(response_tokens)],
         behave_logprobs=[-rng.random() * 3 for _ in range(response_tokens)],
         token_policy_versions=[policy_version] * response_tokens,
+        policy_version=policy_version,
         env_feedback=f"clicked button 'item {step}'",
         timings=StepTimings(policy_s=0.2, browser_s=0.05, wait_s=0.1),
     )

@@ -141,6 +141,8 @@ class StepRecorded(Event):
     """log pi_behave of each response token, from the sampler."""
     token_policy_versions: PackedInts
     """Policy version that produced each response token (weights may refresh mid-episode)."""
+    policy_version: int = Field(ge=0)
+    """Version loaded when this step was sampled (also for scripted policies, which have no tokens)."""
     env_feedback: str
     """Text the environment reported back (what the action did)."""
     error_class: str | None = None

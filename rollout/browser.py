@@ -1,0 +1,122 @@
+"""One long-lived Chromium per worker: started once, a fresh context per episode, restarted on crash.
+
+This is the "everlasting" half of the pool: a browser launch costs ~0.5 s and ~0.5 GB, so it is paid
+once per worker, not once per iteration as in the synchronous WebGym pipeline. Each browser carries a
+unique marker switch on its command line so we can find its PID and kill exactly it when it hangs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from playwright.async_api import Browser, BrowserContext, Playwright
+
+CHROMIUM = os.environ.get("AWRL_CHROMIUM", "/usr/bin/chromium")
+FLAGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+    "--disable-component-update", "--disable-sync", "--disable-quic", "--no-first-run",
+    "--disable-dev-shm-usage", "--hide-scrollbars", "--mute-audio",
+]
+
+
+@dataclass(frozen=True)
+class BrowserConfig:
+    executable: str = CHROMIUM
+    """Chromium binary (Debian's package; a downloaded Playwright browser is never used)."""
+    viewport: tuple[int, int] = (1280, 720)
+    """CSS pixels of each page; screenshots have this size."""
+    launch_timeout_s: float = 30.0
+
+
+class BrowserWorker:
+    def __init__(self, playwright: Playwright, worker_id: str, config: BrowserConfig = BrowserConfig()):
+        if not Path(config.executable).is_file():
+            raise FileNotFoundError(f"Chromium not found at {config.executable} (apt-get install chromium)")
+        self.pw = playwright
+        self.worker_id = worker_id
+        self.config = config
+        self.browser: Browser | None = None
+        self.pid: int | None = None
+        self.launches = 0
+
+    async def ensure(self) -> Browser:
+        if self.browser is None or not self.browser.is_connected():
+            await self.restart()
+        return self.browser
+
+    async def restart(self) -> None:
+        self.kill()
+        marker = f"--awrl-browser={self.worker_id}-{uuid.uuid4().hex[:8]}"
+        self.browser = await self.pw.chromium.launch(
+            executable_path=self.config.executable, args=[*FLAGS, marker],
+            timeout=self.config.launch_timeout_s * 1000,
+        )
+        self.pid = _find_pid(marker)
+        self.launches += 1
+
+    async def new_context(self) -> BrowserContext:
+        browser = await self.ensure()
+        w, h = self.config.viewport
+        return await browser.new_context(viewport={"width": w, "height": h}, device_scale_factor=1)
+
+    def kill(self) -> None:
+        """SIGKILL our browser by PID (a hung browser does not answer a polite close)."""
+        if self.pid is not None:
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.pid = None
+        self.browser = None
+
+    async def close(self) -> None:
+        if self.browser is not None and self.browser.is_connected():
+            try:
+                await asyncio.wait_for(self.browser.close(), timeout=10)
+            except Exception:
+                pass
+        self.kill()
+
+    def rss_mb(self) -> float:
+        """Resident memory of this browser and all its child processes."""
+        return sum(_rss_kb(p) for p in [self.pid, *_children(self.pid)] if p) / 1024 if self.pid else 0.0
+
+
+def _find_pid(marker: str) -> int | None:
+    """The browser's main process: the one whose command line has our marker and no --type=."""
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if marker.encode() in args and not any(a.startswith(b"--type=") for a in args):
+            return int(pid)
+    return None
+
+
+def _children(pid: int | None) -> list[int]:
+    out, frontier = [], [pid]
+    while frontier:
+        p = frontier.pop()
+        try:
+            kids = Path(f"/proc/{p}/task/{p}/children").read_text().split()
+        except OSError:
+            continue
+        out += map(int, kids)
+        frontier += map(int, kids)
+    return out
+
+
+def _rss_kb(pid: int) -> int:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return 0

@@ -1,0 +1,148 @@
+"""One episode: screenshot -> policy -> parse -> execute -> settle -> feedback, until done or horizon.
+
+Every step becomes a `StepRecorded` (pixels go to the store by hash first, so no event ever names a
+screenshot that was not stored). Browser failures end the episode as `env_error` with the reason; the
+caller restarts the browser. Running out of horizon is an ordinary failure, as in the papers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from rollout.actions import describe, parse_response
+from rollout.browser import BrowserWorker
+from rollout.execute import execute, settle
+from rollout.som import collect_marks, draw_marks
+from rollout.types import Observation, PastStep, Policy, Suite, Task, Verdict
+from schemas import EpisodeFinished, EpisodeStarted, Event, StepRecorded, StepTimings
+
+
+@dataclass(frozen=True)
+class EpisodeConfig:
+    som: bool = False
+    """Set-of-Mark observations (marks drawn and listed); pure pixels otherwise (the paper's setting)."""
+    screenshots_k: int = 1
+    """Screenshots in each prompt (OpenWebRL: K=1; a second gave no consistent gain)."""
+    step_timeout_s: float = 60.0
+    """A step (policy + browser) taking longer means a hung browser or policy: env_error."""
+    allowed_hosts: frozenset[str] = frozenset({"127.0.0.1", "localhost"})
+    """Hosts `goto` may open."""
+
+
+@dataclass
+class EpisodeContext:
+    """What an episode needs from the pool around it."""
+
+    run_id: str
+    worker: BrowserWorker
+    policy: Policy
+    suite: Suite
+    emit: Callable[[Event], None]
+    put_screenshot: Callable[[bytes], Awaitable[str]]
+    refresh: Callable[[], Awaitable[None]]
+    """Called between steps: loads a newer policy version in place if one was published."""
+    config: EpisodeConfig
+
+
+async def run_episode(ctx: EpisodeContext, task: Task, group_id: str) -> EpisodeFinished:
+    tid = uuid.uuid4().hex
+    ids = dict(run_id=ctx.run_id, trajectory_id=tid, group_id=group_id, task_id=task.task_id)
+    context = None
+    steps = 0
+    started = False
+    recorded = [0]  # steps emitted so far, also when the browser dies mid-episode
+
+    def start(instruction: str) -> None:
+        nonlocal started
+        ctx.emit(EpisodeStarted(**ids, worker_id=ctx.worker.worker_id, instruction=instruction,
+                                horizon=task.horizon, policy_version=ctx.policy.version))
+        started = True
+
+    try:
+        context = await ctx.worker.new_context()
+        page = await context.new_page()
+        instruction = await asyncio.wait_for(ctx.suite.reset(page, task), ctx.config.step_timeout_s)
+        await settle(page)
+        start(instruction)
+        verdict, answer = await _loop(ctx, page, task, instruction, ids, recorded)
+        steps = verdict[1]
+        outcome = "success" if verdict[0].success else "failure"
+        reason = verdict[0].reason
+    except Exception as exc:  # the browser died or hung: the environment failed, not the agent
+        ctx.worker.kill()
+        outcome, reason, answer = "env_error", f"{type(exc).__name__}: {(str(exc) or '-').splitlines()[0][:300]}", None
+        steps = recorded[0]
+        if not started:
+            start(task.instruction)
+    finally:
+        if context is not None:
+            try:
+                await asyncio.wait_for(context.close(), 5)
+            except Exception:
+                ctx.worker.kill()
+    finished = EpisodeFinished(**ids, outcome=outcome, reward=1.0 if outcome == "success" else 0.0,
+                               num_steps=steps, reason=reason, answer=answer)
+    ctx.emit(finished)
+    return finished
+
+
+async def _loop(ctx: EpisodeContext, page, task: Task, instruction: str, ids: dict, recorded: list[int]):
+    cfg = ctx.config
+    history: list[PastStep] = []
+    memory: dict[str, str] = {}
+    feedback = ""
+    shots: deque[tuple[bytes, str]] = deque(maxlen=cfg.screenshots_k)
+    for step in range(task.horizon):
+        await ctx.refresh()
+        png, marks = await asyncio.wait_for(_observe(page, cfg.som), cfg.step_timeout_s)
+        sha = await ctx.put_screenshot(png)
+        shots.append((png, sha))
+        obs = Observation(instruction=instruction, screenshots=[s[0] for s in shots],
+                          screenshot_sha256=[s[1] for s in shots], url=page.url, feedback=feedback,
+                          history=list(history), memory=dict(memory), marks=marks, som=cfg.som, step=step,
+                          horizon=task.horizon, task=task)
+        t0 = time.perf_counter()
+        version = ctx.policy.version
+        out = await asyncio.wait_for(ctx.policy.act(obs), cfg.step_timeout_s)
+        policy_s = time.perf_counter() - t0
+        parsed = parse_response(out.response_text, memory, cfg.allowed_hosts)
+        done = await asyncio.wait_for(execute(page, parsed.action, marks), cfg.step_timeout_s)
+        ctx.emit(StepRecorded(
+            **ids, step=step, screenshot_sha256=sha, url=obs.url, action=parsed.action,
+            response_text=out.response_text, memory=parsed.memory, prompt_token_ids=out.prompt_token_ids,
+            prompt_screenshot_sha256=obs.screenshot_sha256, response_token_ids=out.response_token_ids,
+            behave_logprobs=out.logprobs, token_policy_versions=out.token_policy_versions, policy_version=version,
+            env_feedback=done.feedback, error_class=done.error_class,
+            timings=StepTimings(policy_s=policy_s, browser_s=done.browser_s, wait_s=done.wait_s),
+        ))
+        recorded[0] += 1
+        history.append(PastStep(parsed.thought, parsed.memory, describe(parsed.action), done.feedback))
+        memory, feedback = parsed.memory, done.feedback
+        if parsed.action.kind in ("answer", "stop"):
+            answer = parsed.action.text if parsed.action.kind == "answer" else ""
+            verdict = await ctx.suite.judge(page, task, answer, final=True)
+            return (verdict, step + 1), answer
+        verdict = await ctx.suite.judge(page, task, None, final=False)
+        if verdict is not None:
+            return (verdict, step + 1), None
+    return (Verdict(False, f"horizon of {task.horizon} steps reached"), task.horizon), None
+
+
+async def _observe(page, som: bool, attempts: int = 4) -> tuple[bytes, list]:
+    """Marks + screenshot of a settled page. A navigation that starts late (a form submit after the
+    click returned) destroys the JS context mid-read: wait for the new page and read again."""
+    for attempt in range(attempts):
+        try:
+            marks = await collect_marks(page)
+            png = await page.screenshot(type="png")
+            return (draw_marks(png, marks) if som else png), marks
+        except Exception as exc:
+            if attempt == attempts - 1 or "context was destroyed" not in str(exc):
+                raise
+            await settle(page)
+    raise AssertionError("unreachable")

@@ -1,0 +1,1 @@
+"""Policy backends behind one contract (`rollout.types.Policy`)."""

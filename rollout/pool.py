@@ -1,0 +1,251 @@
+"""The everlasting rollout pool: N browser workers fed task groups from Kafka, never rebuilt.
+
+Task groups arrive on the tasks topic, consumed by every pool process as one consumer group, so adding
+pool processes on more machines adds throughput with no other change. A group's G episodes fan out to
+this process's workers; when all have ended (and their events are acknowledged) the pool emits
+`GroupCompleted` and only then commits the group's offset, so a crash re-runs a group rather than
+losing it. New policy versions are loaded between steps, in place (AsyncWebRL's weight broadcast).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from playwright.async_api import async_playwright
+
+from pipeline.bus import EventConsumer, EventProducer
+from pipeline.settings import StackSettings
+from pipeline.store import ScreenshotStore
+from pipeline.topics import TASKS, TRAINER
+from rollout.browser import BrowserConfig, BrowserWorker
+from rollout.episode import EpisodeConfig, EpisodeContext, run_episode
+from rollout.types import Policy, Suite, Task
+from schemas import (
+    EpisodeFinished,
+    EpisodeStarted,
+    Event,
+    GroupCompleted,
+    PolicyVersionPublished,
+    StepRecorded,
+    TaskGroupDispatched,
+)
+
+
+@dataclass(frozen=True)
+class PoolConfig:
+    workers: int = 4
+    """Browsers in this process, each alive for the whole run."""
+    consumer_group: str = "rollout"
+    """Kafka consumer group shared by all pool processes of a deployment."""
+    browser: BrowserConfig = BrowserConfig()
+    episode: EpisodeConfig = EpisodeConfig()
+
+
+@dataclass
+class PoolStats:
+    episodes: int = 0
+    successes: int = 0
+    env_errors: int = 0
+    steps: int = 0
+    groups: int = 0
+    started: float = field(default_factory=time.monotonic)
+
+    @property
+    def steps_per_s(self) -> float:
+        return self.steps / max(time.monotonic() - self.started, 1e-9)
+
+
+@dataclass
+class _Group:
+    dispatch: TaskGroupDispatched
+    task: Task
+    offset: tuple[str, int, int]
+    results: list[EpisodeFinished] = field(default_factory=list)
+    acks: list = field(default_factory=list)
+    versions: set[int] = field(default_factory=set)
+    """Policy versions that produced the group's steps (a trajectory can span several)."""
+
+
+class RolloutPool:
+    def __init__(self, settings: StackSettings, suites: dict[str, Suite], policy: Policy, config: PoolConfig):
+        self.settings, self.suites, self.policy, self.config = settings, suites, policy, config
+        self.stats = PoolStats()
+        self.producer = EventProducer(settings, client_id="rollout")
+        self.store = ScreenshotStore.from_settings(settings)
+        self._tasks = {(s.name, t.task_id): t for s in suites.values() for t in s.tasks()}
+        self._latest: PolicyVersionPublished | None = None
+        self._refresh_lock = asyncio.Lock()
+        self._done_offsets: list[tuple[str, int, int]] = []
+        self._stop = threading.Event()
+
+    # -- public ----------------------------------------------------------------------------------
+    async def run(self, max_groups: int | None = None, on_progress=None) -> PoolStats:
+        """Run until `max_groups` groups completed (forever if None)."""
+        loop = asyncio.get_running_loop()
+        jobs: asyncio.Queue = asyncio.Queue()
+        capacity = threading.Semaphore(max(1, self.config.workers // 2) + 1)
+        feeder = threading.Thread(target=self._feed, args=(loop, jobs, capacity), daemon=True)
+        watcher = threading.Thread(target=self._watch_versions, daemon=True)
+        feeder.start(), watcher.start()
+        self._all_done = asyncio.Event()
+        self._max_groups, self._capacity, self._on_progress = max_groups, capacity, on_progress
+        async with async_playwright() as pw:
+            workers = [BrowserWorker(pw, f"w{i}", self.config.browser) for i in range(self.config.workers)]
+            await asyncio.gather(*(w.ensure() for w in workers))
+            self.workers = workers
+            self.stats.started = time.monotonic()  # rates count from when the browsers are up
+            runners = [asyncio.create_task(self._work(w, jobs)) for w in workers]
+            await self._all_done.wait()
+            for r in runners:
+                r.cancel()
+            await asyncio.gather(*runners, return_exceptions=True)
+            await asyncio.gather(*(w.close() for w in workers))
+        self._stop.set()
+        feeder.join(timeout=30), watcher.join(timeout=10)
+        self.producer.close()
+        return self.stats
+
+    # -- workers ---------------------------------------------------------------------------------
+    async def _work(self, worker: BrowserWorker, jobs: asyncio.Queue) -> None:
+        while True:
+            group: _Group = await jobs.get()
+            ctx = EpisodeContext(
+                run_id=group.dispatch.run_id, worker=worker, policy=self.policy,
+                suite=self.suites[group.task.suite], emit=lambda e, g=group: self._emit(e, g),
+                put_screenshot=lambda png: asyncio.to_thread(self.store.put, png),
+                refresh=self._refresh, config=self.config.episode,
+            )
+            finished = await run_episode(ctx, group.task, group.dispatch.group_id)
+            self._count(finished)
+            group.results.append(finished)
+            if len(group.results) == group.dispatch.group_size:
+                await self._complete(group)
+
+    def _emit(self, event: Event, group: _Group) -> None:
+        if isinstance(event, StepRecorded):
+            group.versions.update(event.token_policy_versions or [event.policy_version])
+        elif isinstance(event, EpisodeStarted):
+            group.versions.add(event.policy_version)
+        group.acks.append(self.producer.publish(event))
+
+    def _count(self, f: EpisodeFinished) -> None:
+        s = self.stats
+        s.episodes += 1
+        s.steps += f.num_steps
+        s.successes += f.outcome == "success"
+        s.env_errors += f.outcome == "env_error"
+        if self._on_progress:
+            self._on_progress(self)
+
+    async def _complete(self, group: _Group) -> None:
+        d, rs = group.dispatch, group.results
+        versions = group.versions or {self.policy.version}
+        completed = GroupCompleted(
+            run_id=d.run_id, group_id=d.group_id, task_id=d.task_id,
+            trajectory_ids=[r.trajectory_id for r in rs], rewards=[r.reward for r in rs],
+            num_steps=[r.num_steps for r in rs], outcomes=[r.outcome for r in rs],
+            min_policy_version=min(versions), max_policy_version=max(versions),
+        )
+        # Every step of the group must be acknowledged before the group is announced complete.
+        acks = group.acks + [self.producer.publish(completed)]
+        await asyncio.to_thread(lambda: [f.get(timeout=60) for f in acks])
+        self._done_offsets.append(group.offset)
+        self.stats.groups += 1
+        self._capacity.release()
+        if self._max_groups is not None and self.stats.groups >= self._max_groups:
+            self._all_done.set()
+
+    async def _refresh(self) -> None:
+        latest = self._latest
+        if latest is not None and latest.version > self.policy.version:
+            async with self._refresh_lock:
+                if latest.version > self.policy.version:
+                    await self.policy.refresh(latest.version, latest.checkpoint_uri)
+
+    # -- Kafka threads (kafka-python is blocking; the browsers stay on the event loop) -------------
+    def _feed(self, loop, jobs: asyncio.Queue, capacity: threading.Semaphore) -> None:
+        consumer = EventConsumer(self.settings, self.config.consumer_group, [TASKS], self.producer,
+                                 client_id="rollout")
+        tracker = _OffsetTracker()
+        try:
+            while not self._stop.is_set():
+                while self._done_offsets:
+                    tracker.done(*self._done_offsets.pop())
+                if tracker.committable:
+                    consumer.commit(tracker.take())
+                if not capacity.acquire(timeout=0.2):
+                    consumer.pause()
+                    consumer.poll(timeout_ms=0)
+                    continue
+                consumer.resume()
+                got = consumer.poll(timeout_ms=500, max_records=1)
+                if not got:
+                    capacity.release()
+                    continue
+                d = got[0]
+                tracker.started(d.topic, d.partition, d.offset)
+                group = self._group(d)
+                if group is None:  # a task this pool does not serve: skip it, loudly
+                    print(f"rollout: unknown task {d.event.suite}/{d.event.task_id}; skipped")
+                    tracker.done(d.topic, d.partition, d.offset)
+                    capacity.release()
+                    continue
+                for _ in range(group.dispatch.group_size):
+                    loop.call_soon_threadsafe(jobs.put_nowait, group)
+        finally:
+            consumer.close()
+
+    def _group(self, d) -> _Group | None:
+        dispatch: TaskGroupDispatched = d.event
+        task = self._tasks.get((dispatch.suite, dispatch.task_id))
+        if task is None:
+            return None
+        return _Group(dispatch=dispatch, task=task, offset=(d.topic, d.partition, d.offset))
+
+    def _watch_versions(self) -> None:
+        """Follow `PolicyVersionPublished` from the start of the log, keeping the newest."""
+        import uuid
+
+        consumer = EventConsumer(self.settings, f"rollout-versions-{uuid.uuid4().hex[:8]}", [TRAINER],
+                                 self.producer, client_id="rollout-versions")
+        try:
+            while not self._stop.is_set():
+                for d in consumer.poll(timeout_ms=500):
+                    e = d.event
+                    if isinstance(e, PolicyVersionPublished) and (self._latest is None or e.version > self._latest.version):
+                        self._latest = e
+        finally:
+            consumer.close()
+
+
+class _OffsetTracker:
+    """Commit only the contiguous prefix of finished offsets per partition (groups end out of order)."""
+
+    def __init__(self):
+        self.pending: dict[tuple[str, int], set[int]] = defaultdict(set)
+        self.finished: dict[tuple[str, int], set[int]] = defaultdict(set)
+        self.next: dict[tuple[str, int], int] = {}
+        self.committable = False
+
+    def started(self, topic: str, partition: int, offset: int) -> None:
+        self.pending[(topic, partition)].add(offset)
+
+    def done(self, topic: str, partition: int, offset: int) -> None:
+        self.finished[(topic, partition)].add(offset)
+        self.committable = True
+
+    def take(self) -> dict[tuple[str, int], int]:
+        out = {}
+        for tp, fin in self.finished.items():
+            pend = self.pending[tp]
+            for o in sorted(fin):
+                if not pend or o != min(pend):
+                    break
+                pend.discard(o), fin.discard(o)
+                out[tp] = o + 1
+        self.committable = False
+        return out

@@ -1,0 +1,178 @@
+"""The everlasting pool against real browsers, our own sites and the real local stack."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import threading
+import time
+import uuid
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+from pipeline.bus import EventConsumer, EventProducer
+from pipeline.store import ScreenshotStore
+from pipeline.topics import ROLLOUT
+from rollout.dispatcher import dispatch, task_stream
+from rollout.episode import EpisodeConfig
+from rollout.policy.scripted import OraclePolicy
+from rollout.pool import PoolConfig, RolloutPool
+from rollout.types import PolicyOutput
+from schemas import EpisodeFinished, EpisodeStarted, GroupCompleted, PolicyVersionPublished, StepRecorded
+
+
+@pytest.fixture(scope="module")
+def sites():
+    from rollout.suites.sites import SitesSuite
+
+    suite = SitesSuite()
+    suite.start()
+    yield suite
+    suite.stop()
+
+
+def run_pool(settings, suite, policy, groups: int, workers: int, group_size: int = 4, som: bool = False,
+             tasks=None):
+    run_id = f"test-{uuid.uuid4().hex[:6]}"
+    producer = EventProducer(settings)
+    stream = task_stream(tasks or suite.tasks("train"), seed=1)
+    dispatch(producer, run_id, stream, groups, group_size)
+    producer.close()
+    pool = RolloutPool(settings, {suite.name: suite}, policy,
+                       PoolConfig(workers=workers, episode=EpisodeConfig(som=som)))
+    stats = asyncio.run(pool.run(max_groups=groups))
+    return run_id, stats, read_back(settings, groups)
+
+
+def read_back(settings, groups: int):
+    producer = EventProducer(settings)
+    consumer = EventConsumer(settings, f"check-{uuid.uuid4().hex[:6]}", [ROLLOUT], producer)
+    events, deadline = [], time.monotonic() + 60
+    while sum(isinstance(d.event, GroupCompleted) for d in events) < groups and time.monotonic() < deadline:
+        events += consumer.poll(timeout_ms=500)
+    consumer.close(), producer.close()
+    return events
+
+
+def by_trajectory(delivered):
+    out = defaultdict(list)
+    for d in sorted(delivered, key=lambda d: (d.partition, d.offset)):
+        if hasattr(d.event, "trajectory_id"):
+            out[d.event.trajectory_id].append(d.event)
+    return out
+
+
+def test_oracle_pool_on_our_sites(settings, sites):
+    easy = [t for t in sites.tasks("train") if t.difficulty != "hard"]
+    run_id, stats, delivered = run_pool(settings, sites, OraclePolicy({"sites": sites}), groups=4, workers=4,
+                                        tasks=easy)
+    assert stats.episodes == 16 and stats.env_errors == 0
+    assert stats.successes / stats.episodes >= 0.95
+
+    trajectories = by_trajectory(delivered)
+    assert len(trajectories) == 16
+    hashes = []
+    for events in trajectories.values():
+        assert isinstance(events[0], EpisodeStarted) and isinstance(events[-1], EpisodeFinished)
+        steps = [e for e in events if isinstance(e, StepRecorded)]
+        assert [s.step for s in steps] == list(range(len(steps))) == list(range(events[-1].num_steps))
+        hashes += [s.screenshot_sha256 for s in steps]
+    # a group's steps all precede its GroupCompleted on the partition
+    for d in delivered:
+        if isinstance(d.event, GroupCompleted):
+            assert d.event.outcomes.count("success") == sum(r == 1.0 for r in d.event.rewards)
+            earlier = {x.event.trajectory_id for x in delivered if x.partition == d.partition
+                       and x.offset < d.offset and isinstance(x.event, EpisodeFinished)}
+            assert set(d.event.trajectory_ids) <= earlier
+    store = ScreenshotStore.from_settings(settings)
+    assert all(store.exists(h) for h in set(hashes))
+    assert len(set(hashes)) < len(hashes), "identical pages (same task in a group) are stored once"
+
+
+class KillBrowserOnce:
+    """The oracle, but on its 3rd call it SIGKILLs one running browser of the pool."""
+
+    name = "oracle"
+
+    def __init__(self, oracle):
+        self.oracle, self.version, self.calls, self.killed = oracle, 0, 0, None
+
+    async def act(self, obs):
+        self.calls += 1
+        if self.calls == 3:
+            self.killed = _kill_one_browser()
+        return await self.oracle.act(obs)
+
+    async def refresh(self, version, uri):
+        self.version = version
+
+
+def _kill_one_browser() -> int:
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if any(a.startswith(b"--awrl-browser=") for a in args) and not any(a.startswith(b"--type=") for a in args):
+            os.kill(int(pid), signal.SIGKILL)
+            return int(pid)
+    raise AssertionError("no browser to kill")
+
+
+def test_killed_browser_ends_episode_as_env_error_and_worker_goes_on(settings, sites):
+    easy = [t for t in sites.tasks("train") if t.difficulty == "easy"]
+    policy = KillBrowserOnce(OraclePolicy({"sites": sites}))
+    _, stats, delivered = run_pool(settings, sites, policy, groups=2, workers=1, group_size=2, tasks=easy)
+    finished = [d.event for d in delivered if isinstance(d.event, EpisodeFinished)]
+    assert policy.killed and stats.episodes == 4
+    errors = [f for f in finished if f.outcome == "env_error"]
+    assert len(errors) == 1 and errors[0].reason
+    assert sum(f.outcome == "success" for f in finished) == 3, "the same worker ran the later episodes"
+
+
+class Garbage:
+    name, version = "garbage", 0
+
+    async def act(self, obs):
+        return PolicyOutput("I think I should click somewhere nice {", [], [], [], [])
+
+    async def refresh(self, version, uri):
+        pass
+
+
+def test_garbage_output_becomes_invalid_action_steps(settings, sites):
+    easy = [t for t in sites.tasks("train") if t.difficulty == "easy"][:1]
+    _, stats, delivered = run_pool(settings, sites, Garbage(), groups=1, workers=1, group_size=1, tasks=easy)
+    steps = [d.event for d in delivered if isinstance(d.event, StepRecorded)]
+    assert len(steps) == easy[0].horizon and stats.env_errors == 0
+    assert all(s.action.kind == "invalid" and s.env_feedback.startswith("invalid action") for s in steps)
+    assert all(s.error_class == "invalid_action" for s in steps)
+
+
+def test_new_policy_version_is_picked_up_between_steps(settings, sites):
+    multi = [t for t in sites.tasks("train") if len(t.oracle) >= 4]
+    publisher = EventProducer(settings)
+    consumer = EventConsumer(settings, f"watch-{uuid.uuid4().hex[:6]}", [ROLLOUT], publisher)
+
+    def publish_after_first_step():
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if any(isinstance(d.event, StepRecorded) for d in consumer.poll(timeout_ms=200)):
+                publisher.publish_all([PolicyVersionPublished(run_id="r", version=1, checkpoint_uri="mem://1",
+                                                              checkpoint_sha256="0" * 64)])
+                return
+
+    t = threading.Thread(target=publish_after_first_step)
+    t.start()
+    _, stats, delivered = run_pool(settings, sites, OraclePolicy({"sites": sites}), groups=2, workers=2,
+                                   group_size=2, tasks=multi)
+    t.join(), consumer.close(), publisher.close()
+    versions = {tid: [e.policy_version for e in evs if isinstance(e, StepRecorded)]
+                for tid, evs in by_trajectory(delivered).items()}
+    assert any(v[0] == 0 and v[-1] == 1 for v in versions.values()), versions
+    assert all(v == sorted(v) for v in versions.values())
+    completed = [d.event for d in delivered if isinstance(d.event, GroupCompleted)]
+    assert max(c.max_policy_version for c in completed) == 1
