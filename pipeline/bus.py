@@ -167,6 +167,11 @@ class EventConsumer:
             return
         self._kafka.commit({TopicPartition(t, p): OffsetAndMetadata(o, "", -1) for (t, p), o in offsets.items()})
 
+    @property
+    def assigned(self) -> bool:
+        """Whether the group has given this member partitions yet (joining takes a few seconds)."""
+        return bool(self._kafka.assignment())
+
     def pause(self) -> None:
         """Stop fetching (the member stays in the group while `poll()` keeps being called)."""
         self._kafka.pause(*self._kafka.assignment())

@@ -116,6 +116,30 @@ def demo(
         _fail("events lost between producer and consumer")
 
 
+ledger_app = typer.Typer(help="The Parquet ledger: every event of every run, exactly once.", no_args_is_help=True)
+app.add_typer(ledger_app, name="ledger")
+
+
+@ledger_app.command("sync")
+def ledger_sync(
+    follow: bool = typer.Option(False, help="Keep writing as events arrive (until interrupted)."),
+    ledger_uri: str = typer.Option(None, help="Override AWRL_LEDGER_URI (s3://bucket/prefix or a directory)."),
+) -> None:
+    """Consume every event topic into Parquet (deduplicated by event id; offsets committed after)."""
+    from pipeline.ledger import LedgerWriter
+    from pipeline.settings import StackSettings
+
+    settings = StackSettings()
+    if ledger_uri:
+        settings = settings.model_copy(update={"ledger_uri": ledger_uri})
+    writer = LedgerWriter(settings)
+    with console.status(f"writing {settings.ledger_uri} ...") as status:
+        stats = writer.sync(follow=follow, on_flush=lambda s: status.update(
+            f"{s.written} events in {s.files} files, {s.duplicates} duplicates skipped, max lag {s.max_lag_s:.2f}s"))
+    console.print(f"{stats.written} events written in {stats.files} files ({stats.bytes / 1e6:.1f} MB), "
+                  f"{stats.duplicates} duplicates skipped, max lag {stats.max_lag_s:.2f}s")
+
+
 @app.command()
 def rollout(
     suite: str = typer.Option("sites", help="Task suite: sites (our multi-page sites) or miniwob."),

@@ -22,6 +22,11 @@ MAX_SCREENSHOT_BYTES = 16 * 1024 * 1024
 """Larger "screenshots" are rejected: a 4K PNG is ~10 MB, anything bigger is a bug or an attack."""
 
 
+def minio_client(settings: StackSettings) -> Minio:
+    access, secret = settings.s3_credentials()
+    return Minio(settings.s3_endpoint, access_key=access, secret_key=secret, secure=settings.s3_secure)
+
+
 class ScreenshotCorrupted(RuntimeError):
     """The stored bytes do not hash to their key."""
 
@@ -48,9 +53,7 @@ class ScreenshotStore:
 
     @classmethod
     def from_settings(cls, settings: StackSettings) -> ScreenshotStore:
-        access, secret = settings.s3_credentials()
-        client = Minio(settings.s3_endpoint, access_key=access, secret_key=secret, secure=settings.s3_secure)
-        return cls(client, settings.s3_bucket)
+        return cls(minio_client(settings), settings.s3_bucket)
 
     def ensure_bucket(self) -> None:
         if not self.client.bucket_exists(self.bucket):

@@ -1,0 +1,174 @@
+"""The ledger writer: the event log folded into Parquet, exactly once.
+
+Exactly-once here is at-least-once delivery plus idempotent writes: offsets are committed only after
+the Parquet files holding the batch are durable, and every event id already in the ledger is skipped.
+A `kill -9` at any moment therefore re-delivers at most one batch, which the id index drops.
+
+Layout: `<root>/run_id=<run>/event_type=<Type>/part-<time>-<id>.parquet` (Hive-style, so DuckDB and
+Dagster prune by run and type). A file is never visible half-written: locally it is written under a
+`.tmp` name, fsynced and renamed; on S3 an object appears only once its upload completes.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import time
+import uuid
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from pipeline.bus import EventConsumer, EventProducer
+from pipeline.settings import StackSettings
+from pipeline.store import minio_client
+from pipeline.topics import ROLLOUT, TASKS, TRAINER
+from schemas import BY_NAME, Event, events_to_table
+
+
+@dataclass(frozen=True)
+class LedgerConfig:
+    max_batch_events: int = 20_000
+    """Flush after this many events (bounds memory and re-delivery after a crash)."""
+    max_batch_seconds: float = 0.5
+    """Flush at least this often: the writer's lag, i.e. what a local broker restart can lose."""
+    compression: str = "zstd"
+    row_group_size: int = 64_000
+    consumer_group: str = "ledger"
+
+
+@dataclass
+class LedgerStats:
+    written: int = 0
+    """Events written to Parquet."""
+    duplicates: int = 0
+    """Events skipped because their id was already in the ledger."""
+    files: int = 0
+    bytes: int = 0
+    max_lag_s: float = 0.0
+    """Longest time from an event's emission to its file being durable."""
+    lags: list[float] = field(default_factory=list)
+
+
+def ledger_filesystem(settings: StackSettings) -> tuple[pafs.FileSystem, str]:
+    """The filesystem and root path of `settings.ledger_uri` (S3 through the stack's endpoint, or local)."""
+    uri = settings.ledger_uri
+    if uri.startswith("s3://"):
+        access, secret = settings.s3_credentials()
+        fs = pafs.S3FileSystem(access_key=access, secret_key=secret, endpoint_override=settings.s3_endpoint,
+                               scheme="https" if settings.s3_secure else "http", region="us-east-1")
+        return fs, uri.removeprefix("s3://").rstrip("/")
+    path = os.path.abspath(uri.removeprefix("file://"))
+    os.makedirs(path, exist_ok=True)
+    return pafs.LocalFileSystem(), path
+
+
+def list_parquet(fs: pafs.FileSystem, root: str) -> list[str]:
+    try:
+        infos = fs.get_file_info(pafs.FileSelector(root, recursive=True, allow_not_found=True))
+    except FileNotFoundError:
+        return []
+    return sorted(i.path for i in infos if i.type == pafs.FileType.File and i.path.endswith(".parquet"))
+
+
+class LedgerWriter:
+    def __init__(self, settings: StackSettings, config: LedgerConfig = LedgerConfig()):
+        self.settings, self.config = settings, config
+        self.fs, self.root = ledger_filesystem(settings)
+        self.stats = LedgerStats()
+        self.seen: set[str] = self._load_index()
+
+    def _load_index(self) -> set[str]:
+        """Every event id already in the ledger (one column read per file)."""
+        if isinstance(self.fs, pafs.LocalFileSystem):  # leftovers of a write cut short by a crash
+            for dirpath, _, files in os.walk(self.root):
+                for name in files:
+                    if name.endswith(".parquet.tmp"):
+                        os.unlink(os.path.join(dirpath, name))
+        ids: set[str] = set()
+        for path in list_parquet(self.fs, self.root):
+            ids.update(pq.read_table(path, columns=["event_id"], filesystem=self.fs).column(0).to_pylist())
+        return ids
+
+    def sync(self, follow: bool = False, idle_exit_s: float = 3.0, on_flush=None) -> LedgerStats:
+        """Write everything in the log; with `follow`, keep going until interrupted."""
+        producer = EventProducer(self.settings, client_id="ledger-dlq")
+        consumer = EventConsumer(self.settings, self.config.consumer_group, [TASKS, ROLLOUT, TRAINER], producer,
+                                 client_id="ledger")
+        try:
+            idle_since = None  # counted from when the group assigned us partitions
+            while True:
+                batch = self._collect(consumer)
+                if batch:
+                    self._flush(batch)
+                    consumer.commit()  # only now: the files above are durable
+                    idle_since = time.monotonic()
+                    if on_flush:
+                        on_flush(self.stats)
+                elif idle_since is None:
+                    idle_since = time.monotonic() if consumer.assigned else None
+                elif not follow and time.monotonic() - idle_since > idle_exit_s:
+                    return self.stats
+        finally:
+            consumer.close()
+            producer.close()
+
+    def _collect(self, consumer: EventConsumer) -> list[Event]:
+        batch: list[Event] = []
+        deadline = time.monotonic() + self.config.max_batch_seconds
+        while len(batch) < self.config.max_batch_events and time.monotonic() < deadline:
+            remaining_ms = max(1, int((deadline - time.monotonic()) * 1000))
+            batch += [d.event for d in consumer.poll(timeout_ms=min(remaining_ms, 200))]
+        return batch
+
+    def _flush(self, batch: list[Event]) -> None:
+        groups: dict[tuple[str, str], list[Event]] = defaultdict(list)
+        for e in batch:
+            if e.event_id in self.seen:
+                self.stats.duplicates += 1
+                continue
+            self.seen.add(e.event_id)  # also drops a duplicate inside this batch
+            groups[(e.run_id, type(e).__name__)].append(e)
+        for (run_id, event_type), events in groups.items():
+            self._write(run_id, event_type, events)
+        now = datetime.now(UTC)
+        lag = max(((now - e.emitted_at).total_seconds() for e in batch), default=0.0)
+        self.stats.lags.append(lag)
+        self.stats.max_lag_s = max(self.stats.max_lag_s, lag)
+
+    def _write(self, run_id: str, event_type: str, events: list[Event]) -> None:
+        table = events_to_table(events, BY_NAME[event_type])
+        buf = io.BytesIO()
+        pq.write_table(table, buf, compression=self.config.compression, row_group_size=self.config.row_group_size)
+        data = buf.getvalue()
+        stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%f")
+        directory = f"{self.root}/run_id={run_id}/event_type={event_type}"
+        path = f"{directory}/part-{stamp}-{uuid.uuid4().hex[:8]}.parquet"
+        if isinstance(self.fs, pafs.LocalFileSystem):
+            _write_local_atomic(directory, path, data)
+        else:
+            # One PUT with a length: the object appears whole or not at all. (pyarrow's multipart
+            # writer sends parts without Content-Length, which radosgw refuses with HTTP 411.)
+            bucket, key = path.split("/", 1)
+            minio_client(self.settings).put_object(bucket, key, io.BytesIO(data), len(data))
+        self.stats.written += len(events)
+        self.stats.files += 1
+        self.stats.bytes += len(data)
+
+
+def _write_local_atomic(directory: str, path: str, data: bytes) -> None:
+    os.makedirs(directory, exist_ok=True)
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.rename(tmp, path)
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)  # the rename itself must survive a power cut
+    finally:
+        os.close(fd)
