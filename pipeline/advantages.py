@@ -1,0 +1,30 @@
+"""GRPO group advantages, in one place: the trainer's batch builder, the Dagster `groups` asset and
+replay all call these functions, so the numbers can never disagree.
+
+    A_i = (R_i - mean(R)) / (std(R) + eps)          (PAPERS.md, "Algorithm side")
+
+`std` is the population standard deviation (ddof=0) of the group's rewards. A group whose rewards are
+all equal has zero advantage for every trajectory and teaches nothing: OpenWebRL's trajectory-level
+dynamic sampling drops it (`informative` is False).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+EPS = 1e-6
+
+
+def group_advantages(rewards: Sequence[float], eps: float = EPS) -> list[float]:
+    if not rewards:
+        raise ValueError("a group has at least one trajectory")
+    n = len(rewards)
+    mean = sum(rewards) / n
+    std = math.sqrt(sum((r - mean) ** 2 for r in rewards) / n)
+    return [(r - mean) / (std + eps) for r in rewards]
+
+
+def informative(rewards: Sequence[float]) -> bool:
+    """False when every reward is equal (dynamic sampling drops such groups)."""
+    return len(set(rewards)) > 1
