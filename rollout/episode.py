@@ -105,7 +105,7 @@ async def _loop(ctx: EpisodeContext, page, task: Task, instruction: str, ids: di
         obs = Observation(instruction=instruction, screenshots=[s[0] for s in shots],
                           screenshot_sha256=[s[1] for s in shots], url=page.url, feedback=feedback,
                           history=list(history), memory=dict(memory), marks=marks, som=cfg.som, step=step,
-                          horizon=task.horizon, task=task)
+                          horizon=task.horizon, task=task, viewport=_viewport(page))
         t0 = time.perf_counter()
         version = ctx.policy.version
         out = await asyncio.wait_for(ctx.policy.act(obs), cfg.step_timeout_s)
@@ -131,6 +131,11 @@ async def _loop(ctx: EpisodeContext, page, task: Task, instruction: str, ids: di
         if verdict is not None:
             return (verdict, step + 1), None
     return (Verdict(False, f"horizon of {task.horizon} steps reached"), task.horizon), None
+
+
+def _viewport(page) -> tuple[int, int]:
+    size = page.viewport_size or {"width": 1280, "height": 720}
+    return size["width"], size["height"]
 
 
 async def _observe(page, som: bool, attempts: int = 4) -> tuple[bytes, list]:

@@ -56,12 +56,12 @@ def _resolve(step: dict, obs: Observation) -> tuple[str, dict]:
 
 def _find(marks: list[Mark], name: str, role: str | None) -> Mark | None:
     candidates = [m for m in marks if role is None or m.role == role] or marks
-    wanted = name.strip().lower()
-    exact = [m for m in candidates if m.name.strip().lower() == wanted]
-    if exact:
-        return exact[0]
-    partial = [m for m in candidates if wanted and wanted in m.name.lower()]
-    return partial[0] if partial else None
+    # Case matters first: MiniWoB++ shows "ok" and "Ok" side by side.
+    for same in (lambda a, b: a == b, lambda a, b: a.lower() == b.lower(), lambda a, b: a.lower() in b.lower()):
+        found = [m for m in candidates if name.strip() and same(name.strip(), m.name.strip())]
+        if found:
+            return found[0]
+    return None
 
 
 class RandomPolicy:

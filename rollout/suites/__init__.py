@@ -1,0 +1,1 @@
+"""Task suites: our own multi-page sites and MiniWoB++, each implementing `rollout.types.Suite`."""
