@@ -1,0 +1,235 @@
+"""The tiny Qwen3-VL and the learned-policy backends: build, save/reload, exact log-probs, latency,
+suppressed vision tokens, in-place refresh, prompt rendering; vLLM against a fake server (always)
+and a real one (only when AWRL_VLLM_URL is set)."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import io
+import json
+import os
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image, ImageDraw
+from transformers import AutoTokenizer
+
+from rollout.policy.local import LocalPolicy, build_inputs, suppressed_token_ids
+from rollout.policy.prompt import CHAT_TEMPLATE, PromptConfig, build_messages, render_chat, render_prompt
+from rollout.policy.tiny_vlm import build_tiny_vlm, load_tiny_vlm, save_tiny_vlm, train_tokenizer
+from rollout.policy.vllm_client import VLLMPolicy
+from rollout.types import Mark, Observation, PastStep, Policy
+
+
+@functools.cache
+def _png(width: int = 1280, height: int = 720, seed: int = 0) -> bytes:
+    """A page-like screenshot: coloured boxes on white (noise would be slow to encode and decode)."""
+    rng = np.random.RandomState(seed)
+    image = Image.new("RGB", (width, height), "white")
+    draw = ImageDraw.Draw(image)
+    for _ in range(30):
+        x, y = rng.randint(0, width - 100), rng.randint(0, height - 40)
+        draw.rectangle((x, y, x + rng.randint(20, 300), y + rng.randint(10, 60)), fill=tuple(rng.randint(0, 255, 3)))
+    buf = io.BytesIO()
+    image.save(buf, "PNG")
+    return buf.getvalue()
+
+
+def _obs(som: bool = True, screenshots: int = 1, history: int = 2) -> Observation:
+    marks = [Mark(1, "input", "Search products", 500, 40, 300, 30), Mark(2, "button", "Go", 810, 40, 40, 30)]
+    past = [PastStep(f"thought {i}", {"seen": f"page {i}"}, '{"kind": "scroll", "dx": 0, "dy": 400}', "scrolled")
+            for i in range(history)]  # fmt: skip
+    return Observation(
+        instruction="Find the cheapest laptop and report its price.",
+        screenshots=[_png(seed=i) for i in range(screenshots)],
+        screenshot_sha256=["0" * 64] * screenshots, url="http://127.0.0.1:8000/shop", feedback="clicked 'Go'",
+        history=past, memory={"budget": "under $500"}, marks=marks, som=som, step=len(past), horizon=10,
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    t0 = time.perf_counter()
+    model, tokenizer = build_tiny_vlm(seed=0)
+    print(f"\nbuild: {sum(p.numel() for p in model.parameters()):,} parameters, vocab {len(tokenizer)},"
+          f" {time.perf_counter() - t0:.1f}s")  # fmt: skip
+    return save_tiny_vlm(model, tokenizer, tmp_path_factory.mktemp("tiny") / "v0")
+
+
+@pytest.fixture(scope="module")
+def policy(model_dir):
+    return LocalPolicy(model_dir, max_new_tokens=48, seed=1)
+
+
+def test_tokenizer_training_is_deterministic_and_fast(tmp_path):
+    t0 = time.perf_counter()
+    a = train_tokenizer(cache_dir=tmp_path / "a")
+    seconds = time.perf_counter() - t0
+    b = train_tokenizer(cache_dir=tmp_path / "b")
+    print(f"\ntokenizer: vocab {len(a)} trained in {seconds:.1f}s")
+    assert a.get_vocab() == b.get_vocab() and 4000 <= len(a) <= 8192
+    assert seconds < 20
+    ids = a('{"kind": "click", "x": 412, "y": 96}<|im_end|>')["input_ids"]
+    assert ids[-1] == a.convert_tokens_to_ids("<|im_end|>")
+
+
+def test_save_and_reload_give_identical_outputs(model_dir):
+    model, tokenizer = build_tiny_vlm(seed=0)
+    loaded, tokenizer2, processor = load_tiny_vlm(model_dir)
+    assert tokenizer2.get_vocab() == tokenizer.get_vocab()
+    for name in ("config.json", "model.safetensors", "tokenizer.json", "preprocessor_config.json"):
+        assert (model_dir / name).exists()
+    text, images = render_prompt(_obs())
+    inputs = build_inputs(tokenizer, text, images, processor)
+    with torch.no_grad():
+        assert torch.equal(model(**inputs).logits, loaded(**inputs).logits)
+    # What vLLM would load (tokenizer_class Qwen2Tokenizer) encodes exactly like tokenizer.json.
+    auto = AutoTokenizer.from_pretrained(model_dir)
+    assert type(auto).__name__ == "Qwen2Tokenizer"
+    assert auto(text)["input_ids"] == tokenizer(text)["input_ids"]
+
+
+def test_image_inputs_layout(policy):
+    text, images = render_prompt(_obs(screenshots=2))
+    inputs = build_inputs(policy.tokenizer, text, images, policy.image_processor)
+    # 1280x720 -> 448x224 -> a 14x28 grid of 16-px patches -> 98 tokens after the 2x2 merge.
+    assert inputs["image_grid_thw"].tolist() == [[1, 14, 28], [1, 14, 28]]
+    assert inputs["pixel_values"].shape == (2 * 14 * 28, 3 * 2 * 16 * 16)
+    assert int(inputs["mm_token_type_ids"].sum()) == 2 * 98
+
+
+def test_logprobs_match_teacher_forcing_and_latency(policy):
+    obs = _obs()
+    policy.max_new_tokens = 2
+    asyncio.run(policy.act(obs))  # warm-up (first-call allocations)
+    policy.max_new_tokens = 48
+    t0 = time.perf_counter()
+    out = asyncio.run(policy.act(obs))
+    seconds = time.perf_counter() - t0
+    n = len(out.response_token_ids)
+    prefill_ms, token_ms = out.timings["prefill_s"] * 1000, out.timings["decode_s"] / n * 1000
+    print(f"\nstep: {len(out.prompt_token_ids)} prompt tokens, {n} generated, {seconds:.2f}s;"
+          f" prefill {prefill_ms:.0f}ms, {token_ms:.1f}ms/token")  # fmt: skip
+    assert n == len(out.logprobs) == len(out.token_policy_versions) > 0
+    assert set(out.token_policy_versions) == {policy.version}
+    forced = policy.teacher_forced_logprobs(out.prompt_token_ids, obs.screenshots, out.response_token_ids)
+    mismatch = max(abs(a - b) for a, b in zip(forced, out.logprobs))
+    print(f"max |logprob - teacher forced| = {mismatch:.2e}")
+    assert mismatch < 1e-4
+    assert seconds < 10, "a 48-token step should take ~1s on an idle 2-core CPU; 10s allows for a busy one"
+
+
+def test_vision_tokens_never_sampled(model_dir):
+    pol = LocalPolicy(model_dir, max_new_tokens=24, seed=3)
+    banned = suppressed_token_ids(pol.tokenizer)
+    head = pol.model.lm_head  # make the banned tokens overwhelmingly likely: suppression must still hold
+    biased = torch.nn.Linear(head.in_features, head.out_features, bias=True)
+    with torch.no_grad():
+        biased.weight.copy_(head.weight)
+        biased.bias.zero_()
+        biased.bias[banned] = 30.0
+    pol.model.lm_head = biased
+    obs = _obs(som=False)
+    out = asyncio.run(pol.act(obs))
+    assert len(out.response_token_ids) == 24 and not set(out.response_token_ids) & set(banned)
+    forced = pol.teacher_forced_logprobs(out.prompt_token_ids, obs.screenshots, out.response_token_ids)
+    assert max(abs(a - b) for a, b in zip(forced, out.logprobs)) < 1e-4
+
+
+def test_refresh_loads_new_weights_in_place(tmp_path, model_dir):
+    pol = LocalPolicy(model_dir, max_new_tokens=4)
+    assert isinstance(pol, Policy)
+    model, tokenizer = build_tiny_vlm(seed=7)
+    new_dir = save_tiny_vlm(model, tokenizer, tmp_path / "v3")
+    before = pol.model.lm_head.weight.clone()
+    live = pol.model
+    asyncio.run(pol.refresh(3, new_dir.resolve().as_uri()))
+    assert pol.version == 3 and pol.model is live
+    assert not torch.equal(before, pol.model.lm_head.weight)
+    assert torch.equal(pol.model.lm_head.weight, model.lm_head.weight)
+    assert set(asyncio.run(pol.act(_obs())).token_policy_versions) == {3}
+
+    async def concurrently():  # workers share the model; a refresh lands between responses
+        return await asyncio.gather(pol.act(_obs()), pol.refresh(4, str(new_dir)), pol.act(_obs(som=False)))
+
+    first, _, second = asyncio.run(concurrently())
+    assert len(set(first.token_policy_versions)) == 1 and len(set(second.token_policy_versions)) == 1
+    assert pol.version == 4
+    with pytest.raises(ValueError):
+        asyncio.run(pol.refresh(5, "s3://bucket/ckpt"))
+
+
+def test_prompt_content_and_marks_only_in_som():
+    som_text, images = render_prompt(_obs(som=True))
+    pix_text, _ = render_prompt(_obs(som=False))
+    assert len(images) == 1 and som_text.count("<|image_pad|>") == 1
+    assert '[1] input "Search products"' in som_text and '[1] input "Search products"' not in pix_text
+    assert '"mark": 7' in som_text and '"mark"' not in pix_text
+    for text in (som_text, pix_text):
+        assert "Find the cheapest laptop" in text and "http://127.0.0.1:8000/shop" in text
+        assert "clicked 'Go'" in text and '{"budget": "under $500"}' in text and "thought 1" in text
+        assert text.endswith("<|im_start|>assistant\n")
+    short = render_prompt(_obs(history=6), PromptConfig(history_steps=2))[0]
+    assert "thought 5" in short and "thought 3" not in short and "budget" in short
+
+
+def test_jinja_chat_template_matches_python_rendering(policy):
+    messages = build_messages(_obs(screenshots=2))
+    assert policy.tokenizer.chat_template == CHAT_TEMPLATE
+    jinja = policy.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    assert jinja == render_chat(messages)
+
+
+class _FakeVLLM(BaseHTTPRequestHandler):
+    requests: list[tuple[str, dict]] = []
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        _FakeVLLM.requests.append((self.path, body))
+        reply = {} if self.path != "/v1/chat/completions" else {
+            "choices": [{"message": {"content": '{"action": {"kind": "stop"}}'}, "token_ids": [11, 12, 2],
+                         "logprobs": {"content": [{"token": f"token_id:{t}", "logprob": -0.5} for t in (11, 12, 2)]}}],
+            "prompt_token_ids": [1, 5, 6], "usage": {"prompt_tokens": 3},
+        }  # fmt: skip
+        data = json.dumps(reply).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args):
+        pass
+
+
+def test_vllm_client_against_fake_server():
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _FakeVLLM)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_port}/v1"
+        pol = VLLMPolicy(url, "tiny", version=2, suppress_token_ids=[9], reload_path="/reload")
+        assert isinstance(pol, Policy)
+        out = asyncio.run(pol.act(_obs()))
+        assert out.response_token_ids == [11, 12, 2] and out.prompt_token_ids == [1, 5, 6]
+        assert out.logprobs == [-0.5] * 3 and out.token_policy_versions == [2] * 3
+        path, body = _FakeVLLM.requests[0]
+        assert body["logprobs"] and body["return_token_ids"] and body["logit_bias"] == {"9": -100}
+        image = body["messages"][1]["content"][1]
+        assert image["type"] == "image_url" and image["image_url"]["url"].startswith("data:image/png;base64,")
+        asyncio.run(pol.refresh(5, "file:///ckpt/v5"))
+        assert pol.version == 5 and _FakeVLLM.requests[-1] == (
+            "/reload", {"model": "tiny", "version": 5, "checkpoint_uri": "file:///ckpt/v5"})  # fmt: skip
+    finally:
+        server.shutdown()
+
+
+@pytest.mark.skipif(not os.environ.get("AWRL_VLLM_URL"), reason="set AWRL_VLLM_URL to test a live vLLM server")
+def test_vllm_live_server():
+    pol = VLLMPolicy(os.environ["AWRL_VLLM_URL"], os.environ.get("AWRL_VLLM_MODEL", "tiny-vlm"), max_tokens=32)
+    out = asyncio.run(pol.act(_obs()))
+    assert out.prompt_token_ids and len(out.response_token_ids) == len(out.logprobs) > 0
+    assert all(lp <= 0 for lp in out.logprobs)
