@@ -176,3 +176,36 @@ def test_new_policy_version_is_picked_up_between_steps(settings, sites):
     assert all(v == sorted(v) for v in versions.values())
     completed = [d.event for d in delivered if isinstance(d.event, GroupCompleted)]
     assert max(c.max_policy_version for c in completed) == 1
+
+
+def stack_env(settings) -> dict:
+    access, secret = settings.s3_credentials()
+    return {**os.environ, "AWRL_KAFKA_BOOTSTRAP": settings.kafka_bootstrap, "AWRL_TOPIC_PREFIX": settings.topic_prefix,
+            "AWRL_S3_ENDPOINT": settings.s3_endpoint, "AWRL_S3_ACCESS_KEY": access, "AWRL_S3_SECRET_KEY": secret}
+
+
+def test_rollout_cli_smoke(settings):
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "pipeline.cli", "rollout", "--suite", "miniwob", "--policy", "oracle",
+                          "--workers", "2", "-g", "2", "--episodes", "4", "--som"],
+                         env=stack_env(settings), capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    assert "episodes 4" in out.stdout
+
+
+def test_local_tiny_vlm_runs_whole_episodes_with_logprobs(settings, sites, tmp_path):
+    from rollout.policy.local import LocalPolicy
+    from rollout.policy.tiny_vlm import ensure_tiny_vlm
+
+    policy = LocalPolicy(ensure_tiny_vlm(tmp_path / "tiny-vlm"), max_new_tokens=24, num_threads=1)
+    easy = [t for t in sites.tasks("train") if t.difficulty == "easy"][:1]
+    _, stats, delivered = run_pool(settings, sites, policy, groups=1, workers=2, group_size=2, som=True, tasks=easy)
+    steps = [d.event for d in delivered if isinstance(d.event, StepRecorded)]
+    assert stats.episodes == 2 and stats.env_errors == 0 and steps
+    for s in steps:
+        assert s.prompt_token_ids and s.response_token_ids
+        assert len(s.behave_logprobs) == len(s.response_token_ids) == len(s.token_policy_versions)
+        assert all(lp <= 0.0 for lp in s.behave_logprobs)
+        assert s.prompt_screenshot_sha256 == [s.screenshot_sha256]
