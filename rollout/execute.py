@@ -17,6 +17,7 @@ from schemas import Action
 
 ACTION_TIMEOUT_MS = 3000
 SETTLE_TIMEOUT_MS = 2000
+NAVIGATION_GRACE_MS = 100
 
 _DESCRIBE_AT_JS = """
 ([x, y]) => {
@@ -65,8 +66,13 @@ async def execute(page, action: Action, marks: list[Mark]) -> Executed:
 
 
 async def settle(page) -> None:
-    """Wait until the page stops loading (bounded: a busy page must not stall the episode)."""
+    """Wait until the page stops loading (bounded: a busy page must not stall the episode).
+
+    A raw mouse click or an Enter key returns before any navigation it causes has begun, so first
+    give it a moment to start; otherwise the next screenshot can show the page being left.
+    """
     try:
+        await page.wait_for_timeout(NAVIGATION_GRACE_MS)
         await page.wait_for_load_state("load", timeout=SETTLE_TIMEOUT_MS)
         await page.wait_for_load_state("networkidle", timeout=500)
     except Exception:
@@ -111,8 +117,7 @@ async def _click(page, a: Action, marks: dict[int, Mark]) -> tuple[str, str | No
         await page.locator(f'[{MARK_ATTR}="{a.mark}"]').first.click(timeout=ACTION_TIMEOUT_MS)
         return f"clicked {m.role} '{m.name}'", None
     what = await page.evaluate(_DESCRIBE_AT_JS, [a.x, a.y])
-    if what is None:
-        await page.mouse.click(a.x, a.y)
-        return f"no element at ({a.x}, {a.y})", "no_element"
     await page.mouse.click(a.x, a.y)
+    if what is None:
+        return f"no element at ({a.x}, {a.y})", "no_element"
     return f"clicked {what}", None
