@@ -27,7 +27,7 @@ console = Console()
 
 
 async def rebuild_seconds(n: int) -> tuple[float, float]:
-    """Launch n browsers in parallel, open a page in each, close them all; also RSS per browser."""
+    """Launch n browsers in parallel, open a page in each, close them all; also memory per browser."""
     async with async_playwright() as pw:
         t0 = time.perf_counter()
         workers = [BrowserWorker(pw, f"b{i}") for i in range(n)]
@@ -36,7 +36,7 @@ async def rebuild_seconds(n: int) -> tuple[float, float]:
         pages = await asyncio.gather(*(c.new_page() for c in contexts))
         await asyncio.gather(*(p.goto("about:blank") for p in pages))
         up = time.perf_counter() - t0
-        rss = sum(w.rss_mb() for w in workers) / n
+        rss = sum(w.memory_mb() for w in workers) / n
         await asyncio.gather(*(w.close() for w in workers))
     return up, rss
 
@@ -54,17 +54,17 @@ def main(workers: str = "1,2,4,8", episodes_per_worker: int = 4, suite: str = "s
                 rebuild, rss = asyncio.run(rebuild_seconds(n))
                 rows.append({"workers": n, "episodes": stats.episodes, "steps": stats.steps,
                              "success": stats.successes / max(stats.episodes, 1),
-                             "steps_per_s": stats.steps_per_s, "rebuild_s": rebuild, "rss_mb_per_browser": rss})
+                             "steps_per_s": stats.steps_per_s, "rebuild_s": rebuild, "pss_mb_per_browser": rss})
                 console.print(rows[-1])
         finally:
             stack.down()
     base = rows[0]["steps_per_s"]
     table = Table(title=f"rollout pool, oracle policy, suite {suite}")
-    for col in ("workers", "steps/s", "speed-up vs 1", "success", "rebuild pool (s)", "RSS/browser (MB)"):
+    for col in ("workers", "steps/s", "speed-up vs 1", "success", "rebuild pool (s)", "PSS/browser (MB)"):
         table.add_column(col, justify="right")
     for r in rows:
         table.add_row(str(r["workers"]), f"{r['steps_per_s']:.2f}", f"{r['steps_per_s'] / base:.2f}x",
-                      f"{r['success']:.2f}", f"{r['rebuild_s']:.2f}", f"{r['rss_mb_per_browser']:.0f}")
+                      f"{r['success']:.2f}", f"{r['rebuild_s']:.2f}", f"{r['pss_mb_per_browser']:.0f}")
     console.print(table)
     out = Path(__file__).parent / "out"
     out.mkdir(exist_ok=True)

@@ -82,9 +82,9 @@ class BrowserWorker:
                 pass
         self.kill()
 
-    def rss_mb(self) -> float:
-        """Resident memory of this browser and all its child processes."""
-        return sum(_rss_kb(p) for p in [self.pid, *_children(self.pid)] if p) / 1024 if self.pid else 0.0
+    def memory_mb(self) -> float:
+        """Proportional set size of this browser and its child processes (shared pages counted once)."""
+        return sum(_pss_kb(p) for p in [self.pid, *_children(self.pid)] if p) / 1024 if self.pid else 0.0
 
 
 def _find_pid(marker: str) -> int | None:
@@ -112,10 +112,10 @@ def _children(pid: int | None) -> list[int]:
     return out
 
 
-def _rss_kb(pid: int) -> int:
+def _pss_kb(pid: int) -> int:
     try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith("Pss:"):
                 return int(line.split()[1])
     except OSError:
         pass
