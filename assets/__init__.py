@@ -1,1 +1,25 @@
-"""Dagster definitions over the Parquet ledger (ledger issue)."""
+"""Dagster definitions over the Parquet ledger: `dagster dev` in the repo root (or `-m assets`) loads `defs`.
+
+The ledger location comes from `StackSettings` (env `AWRL_*` or `.env`), the same as every other
+component, so the UI shows the run the stack is writing without further configuration. Runs use the
+in-process executor: each asset is a small fold over one run's files, and a subprocess per asset (the
+default) costs more in Python start-up than the work itself.
+"""
+
+from __future__ import annotations
+
+import dagster as dg
+
+from assets import tables
+from assets.io import Ledger, ParquetIOManager
+from assets.sensors import ledger_sensor
+
+ledger = Ledger()
+all_assets = dg.load_assets_from_modules([tables])
+
+defs = dg.Definitions(
+    assets=all_assets,
+    sensors=[ledger_sensor],
+    executor=dg.in_process_executor,
+    resources={"ledger": ledger, "io_manager": ParquetIOManager(ledger=ledger)},
+)

@@ -116,6 +116,14 @@ def demo(
         _fail("events lost between producer and consumer")
 
 
+def _register_analysis() -> None:
+    from analysis.cli import register
+
+    register(app)
+
+
+_register_analysis()
+
 ledger_app = typer.Typer(help="The Parquet ledger: every event of every run, exactly once.", no_args_is_help=True)
 app.add_typer(ledger_app, name="ledger")
 

@@ -1,0 +1,160 @@
+"""`awrl sql | drift | report`: the analysis verbs, added to the main CLI by `register(app)`.
+
+Every verb opens the ledger named by `StackSettings().ledger_uri` (or `--ledger`) through
+`analysis.connect`, i.e. an in-memory DuckDB holding only views, locked down. `sql` additionally
+refuses any statement that is not a query, by DuckDB's own parser rather than by keyword matching
+(so `WITH ... INSERT` or a second statement after `;` cannot slip through).
+"""
+
+from __future__ import annotations
+
+import json as jsonlib
+import re
+from datetime import date, datetime, timedelta
+from decimal import Decimal
+from pathlib import Path
+
+import duckdb
+import typer
+from rich.console import Console
+from rich.table import Table
+
+console = Console()
+
+LEDGER = typer.Option(None, "--ledger", help="Ledger root (directory or s3://bucket/prefix); default: AWRL_LEDGER_URI.")
+JSON = typer.Option(False, "--json", help="Print JSON instead of a table.")
+_EXPLAIN = re.compile(r"^\s*EXPLAIN\s+(ANALY[SZ]E\s+)?(\([^)]*\)\s*)?", re.IGNORECASE)
+
+
+class NotReadOnly(ValueError):
+    """The SQL text holds something other than exactly one query."""
+
+
+def check_read_only(con: duckdb.DuckDBPyConnection, query: str) -> None:
+    """Accept exactly one SELECT-type statement (SELECT, WITH ... SELECT, FROM, VALUES, DESCRIBE, SHOW,
+    SUMMARIZE) or an EXPLAIN of one; refuse everything else, PRAGMA and CALL included."""
+    try:
+        statements = con.extract_statements(query)
+    except duckdb.Error as exc:
+        raise NotReadOnly(f"does not parse: {exc}") from exc
+    if len(statements) != 1:
+        raise NotReadOnly(f"expected exactly one statement, got {len(statements)}")
+    kind = statements[0].type
+    if kind == duckdb.StatementType.EXPLAIN:  # EXPLAIN ANALYZE runs its statement: check that one
+        return check_read_only(con, _EXPLAIN.sub("", statements[0].query, count=1))
+    if kind != duckdb.StatementType.SELECT:
+        raise NotReadOnly(f"only queries are allowed, not {kind.name}")
+
+
+def _settings(ledger: str | None):
+    from pipeline.settings import StackSettings
+
+    settings = StackSettings()
+    return settings.model_copy(update={"ledger_uri": ledger}) if ledger else settings
+
+
+def _connect(ledger: str | None) -> duckdb.DuckDBPyConnection:
+    from analysis.ledger import connect
+
+    return connect(_settings(ledger), read_only=True)
+
+
+def _plain(value):
+    """JSON for what DuckDB returns: timestamps, intervals, decimals, maps (dicts), nested lists."""
+    if isinstance(value, datetime | date):
+        return value.isoformat()
+    if isinstance(value, timedelta):
+        return value.total_seconds()
+    if isinstance(value, Decimal):
+        return float(value)
+    if isinstance(value, bytes):
+        return value.hex()
+    return str(value)
+
+
+def run_query(con: duckdb.DuckDBPyConnection, query: str,
+              limit: int | None = None) -> tuple[list[str], list[tuple], bool]:
+    """(columns, rows, truncated) of a read-only query; at most `limit` rows are fetched."""
+    check_read_only(con, query)
+    cur = con.execute(query)
+    columns = [d[0] for d in cur.description]
+    rows = cur.fetchmany(limit + 1) if limit else cur.fetchall()
+    truncated = bool(limit) and len(rows) > limit
+    return columns, rows[:limit] if truncated else rows, truncated
+
+
+def sql(
+    query: str = typer.Argument(..., help="One read-only query over the ledger views (see `DESCRIBE steps`)."),
+    json: bool = JSON,
+    limit: int = typer.Option(100, help="Rows to print at most (0: all)."),
+    ledger: str = LEDGER,
+) -> None:
+    """Run one read-only SQL query over the ledger views."""
+    con = _connect(ledger)
+    try:
+        columns, rows, truncated = run_query(con, query, limit or None)
+    except NotReadOnly as exc:
+        console.print(f"[bold red]refused:[/] {exc}")
+        raise typer.Exit(2) from None
+    except duckdb.Error as exc:
+        console.print(f"[bold red]error:[/] {exc}")
+        raise typer.Exit(1) from None
+    finally:
+        con.close()
+    if json:
+        typer.echo(jsonlib.dumps([dict(zip(columns, r)) for r in rows], default=_plain))
+        return
+    table = Table(*columns)
+    for row in rows:
+        table.add_row(*("NULL" if v is None else str(v) for v in row))
+    console.print(table)
+    if truncated:
+        console.print(f"[dim]first {limit} rows shown; --limit 0 for all[/]")
+
+
+def drift(
+    run_id: str = typer.Argument(..., help="The run to measure."),
+    json: bool = JSON,
+    tokens: bool = typer.Option(True, "--tokens/--no-tokens",
+                                help="Token metrics (tokens per step, off-policy gap); they read every token."),
+    ledger: str = LEDGER,
+) -> None:
+    """Memory-schema drift metrics of one run (PAPERS.md, "Memory-schema drift")."""
+    from analysis.drift import DriftConfig, drift_metrics
+
+    con = _connect(ledger)
+    try:
+        report = drift_metrics(con, run_id, DriftConfig(token_metrics=tokens)).to_dict()
+    finally:
+        con.close()
+    if json:
+        typer.echo(jsonlib.dumps(report, default=_plain))
+        return
+    table = Table("metric", "value", title=f"drift of run {run_id}")
+    for key, value in report.items():
+        if not isinstance(value, list):
+            table.add_row(key, "-" if value is None else f"{value:.4g}" if isinstance(value, float) else str(value))
+    console.print(table)
+
+
+def report(
+    run_id: str = typer.Argument(..., help="The run to report on."),
+    out: Path = typer.Option(Path("reports"), "--out", help="Directory for report.md and the plots."),
+    ledger: str = LEDGER,
+) -> None:
+    """Markdown report with plots: drift metrics, keys per step, lengths by outcome, success over time."""
+    from analysis.report import write_report
+
+    con = _connect(ledger)
+    try:
+        path = write_report(con, run_id, out)
+    finally:
+        con.close()
+    console.print(f"wrote {path}")
+
+
+def register(app: typer.Typer) -> None:
+    """Add `sql`, `drift` and `report` to `app` (the main `awrl` CLI)."""
+    app.command("sql")(sql)
+    app.command("drift")(drift)
+    app.command("report")(report)

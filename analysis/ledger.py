@@ -1,0 +1,153 @@
+"""DuckDB over the Parquet ledger: one connection with a view per event type and the derived tables.
+
+    con = connect("/path/to/ledger")               # or "s3://awrl/ledger", or a StackSettings
+    con.execute("SELECT outcome, count(*) FROM trajectories GROUP BY ALL").fetchall()
+
+Raw views (`step_recorded`, `episode_started`, ...) have exactly the event fields as columns; the
+derived views (`steps`, `trajectories`, `groups`, `updates`, `policy_versions`) are defined in
+`analysis/sql/<name>.sql`, which users can read and adapt.
+
+How the files are read:
+- local root: DuckDB's own Parquet reader over the files of each type. It is ~5x cheaper in CPU than
+  scanning an Arrow dataset (measured on 1M steps: 1.6 s vs 9 s of CPU for the memory column), and
+  the drift metrics must stay interactive.
+- `s3://`: DuckDB's httpfs extension cannot be installed here (no network; the PyPI wheel
+  duckdb-ext-httpfs is 1.4.4, built for another DuckDB), so pyarrow reads: one `pyarrow.dataset` per
+  event type, registered with DuckDB, which scans it lazily with projection and filter pushdown.
+Either way the views cover the files that existed when connecting (connect again to see newer ones);
+a type with no file yet is an empty view with the right columns, so every query works on a fresh run.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import defaultdict
+from functools import cache
+from pathlib import Path
+
+import duckdb
+import pyarrow as pa
+import pyarrow.dataset as ds
+import pyarrow.fs as pafs
+
+from pipeline.advantages import group_advantages, informative
+from pipeline.ledger import list_parquet
+from pipeline.settings import StackSettings
+from schemas import (
+    EpisodeFinished,
+    EpisodeStarted,
+    Event,
+    GroupCompleted,
+    PolicyVersionPublished,
+    StepRecorded,
+    TaskGroupDispatched,
+    UpdateApplied,
+    arrow_schema,
+)
+
+SQL_DIR = Path(__file__).with_name("sql")
+RAW_VIEWS: dict[str, type[Event]] = {
+    "task_group_dispatched": TaskGroupDispatched,
+    "episode_started": EpisodeStarted,
+    "step_recorded": StepRecorded,
+    "episode_finished": EpisodeFinished,
+    "group_completed": GroupCompleted,
+    "update_applied": UpdateApplied,
+    "policy_version_published": PolicyVersionPublished,
+}
+VIEWS: tuple[str, ...] = ("steps", "trajectories", "groups", "updates", "policy_versions")
+"""Derived views, in creation order; each is `analysis/sql/<name>.sql`."""
+
+Source = StackSettings | str | os.PathLike
+_RUN_PARTITION = ds.partitioning(pa.schema([("run_id", pa.string())]), flavor="hive")
+
+
+@cache
+def sql(name: str) -> str:
+    """The text of `analysis/sql/<name>.sql`."""
+    return (SQL_DIR / f"{name}.sql").read_text()
+
+
+def connect(source: Source, *, read_only: bool = True) -> duckdb.DuckDBPyConnection:
+    """An in-memory DuckDB with the ledger's views.
+
+    `source` is a `StackSettings` (its `ledger_uri`, with its S3 credentials), an `s3://bucket/prefix`
+    URI (credentials from the environment / .env) or a local directory.
+
+    `read_only` locks the connection down once the views exist: no file outside the ledger can be
+    read or written, no extension installed or loaded, no database attached, and no setting changed.
+    (DuckDB must still be allowed to read the local ledger directory, which also lets a COPY write
+    into it; `analysis.cli.check_read_only` refuses every statement that is not a query.)
+    """
+    fs, root = _filesystem(source)
+    files = _files_by_type(fs, root)
+    con = duckdb.connect(":memory:")
+    for view, cls in RAW_VIEWS.items():
+        _register_raw(con, view, cls, fs, root, files.get(cls.__name__, []))
+    _register_udfs(con)
+    con.execute(sql("macros"))
+    for name in VIEWS:
+        con.execute(sql(name))
+    if read_only:
+        _lock(con, root if isinstance(fs, pafs.LocalFileSystem) else None)
+    return con
+
+
+def _filesystem(source: Source) -> tuple[pafs.FileSystem, str]:
+    """Like `pipeline.ledger.ledger_filesystem`, but never creates a local directory: reading must not write."""
+    if not isinstance(source, StackSettings):
+        uri = os.fspath(source)
+        if not uri.startswith("s3://"):
+            return pafs.LocalFileSystem(), os.path.abspath(uri.removeprefix("file://"))
+        source = StackSettings().model_copy(update={"ledger_uri": uri})
+    uri = source.ledger_uri
+    if not uri.startswith("s3://"):
+        return _filesystem(uri)
+    access, secret = source.s3_credentials()
+    fs = pafs.S3FileSystem(access_key=access, secret_key=secret, endpoint_override=source.s3_endpoint,
+                           scheme="https" if source.s3_secure else "http", region="us-east-1")
+    return fs, uri.removeprefix("s3://").rstrip("/")
+
+
+def _files_by_type(fs: pafs.FileSystem, root: str) -> dict[str, list[str]]:
+    """Parquet files per event type, from the `event_type=<Type>` directory of the Hive layout."""
+    out: dict[str, list[str]] = defaultdict(list)
+    for path in list_parquet(fs, root):
+        for part in path.split("/"):
+            if part.startswith("event_type="):
+                out[part.removeprefix("event_type=")].append(path)
+    return out
+
+
+def _register_raw(con: duckdb.DuckDBPyConnection, view: str, cls: type[Event], fs: pafs.FileSystem, root: str,
+                  files: list[str]) -> None:
+    schema = arrow_schema(cls)
+    if not files:
+        con.register(view, schema.empty_table())
+    elif isinstance(fs, pafs.LocalFileSystem):
+        # union_by_name: files written before a field was added read it as NULL
+        con.read_parquet(files, union_by_name=True).create_view(view)
+    else:
+        # The explicit schema fills fields missing from older files with NULL, as above. The `run_id=`
+        # directory becomes each file's partition expression, so `WHERE run_id = ...` skips other
+        # runs' files without fetching their footers (one GET each).
+        con.register(view, ds.dataset(files, schema=schema, filesystem=fs, format="parquet",
+                                      partitioning=_RUN_PARTITION, partition_base_dir=root))
+
+
+def _register_udfs(con: duckdb.DuckDBPyConnection) -> None:
+    """The trainer's own advantage functions, so the `groups` view cannot disagree with training."""
+    doubles = duckdb.list_type(duckdb.sqltype("DOUBLE"))
+    con.create_function("awrl_group_advantages", lambda rewards: group_advantages(rewards) if rewards else [],
+                        [doubles], doubles)
+    con.create_function("awrl_informative", lambda rewards: informative(rewards), [doubles],
+                        duckdb.sqltype("BOOLEAN"))
+
+
+def _lock(con: duckdb.DuckDBPyConnection, local_root: str | None) -> None:
+    if local_root is not None:
+        con.execute("SET allowed_directories = $dirs", {"dirs": [local_root.rstrip("/") + "/"]})
+    for statement in ("SET autoinstall_known_extensions = false", "SET autoload_known_extensions = false",
+                      "SET python_enable_replacements = false", "SET enable_external_access = false",
+                      "SET lock_configuration = true"):
+        con.execute(statement)

@@ -1,0 +1,12 @@
+-- One row per published checkpoint, with the time since the previous one of the same run.
+CREATE OR REPLACE VIEW policy_versions AS
+SELECT
+    run_id,
+    version,
+    update_step,
+    checkpoint_uri,
+    checkpoint_sha256,
+    emitted_at AS published_at,
+    emitted_at - lag(emitted_at) OVER (PARTITION BY run_id ORDER BY version) AS since_previous,
+    event_id
+FROM policy_version_published;

@@ -1,0 +1,309 @@
+"""Analysis over the ledger: views, exact drift metrics on hand-built trajectories, read-only SQL, CLI.
+
+The run `r1` below is small enough to work every metric out by hand; the arithmetic is in the
+comments next to each expected number.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import uuid
+from collections import defaultdict
+
+import duckdb
+import pyarrow.parquet as pq
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from analysis import RAW_VIEWS, VIEWS, DriftConfig, connect, drift_metrics, write_report
+from analysis.cli import NotReadOnly, check_read_only, register, run_query
+from pipeline.advantages import group_advantages
+from schemas import (
+    Action,
+    EpisodeFinished,
+    EpisodeStarted,
+    GroupCompleted,
+    StepRecorded,
+    StepTimings,
+    UpdateApplied,
+    arrow_schema,
+    events_to_table,
+)
+
+SHA = "ab" * 32
+KETTLE = "Find the price of the blue kettle"  # content words: price, blue, kettle
+CURIE = "Open the article about Marie Curie"  # content words: open, article, marie, curie
+
+
+def step(run, tid, gid, s, keys, versions, policy_version=0):
+    return StepRecorded(
+        run_id=run, trajectory_id=tid, group_id=gid, task_id=gid, step=s, screenshot_sha256=SHA, url="http://x/",
+        action=Action(kind="click", x=1, y=2), response_text="r", memory={k: "v" for k in keys},
+        prompt_token_ids=[7], prompt_screenshot_sha256=[SHA], response_token_ids=list(range(len(versions))),
+        behave_logprobs=[-0.5] * len(versions), token_policy_versions=versions, policy_version=policy_version,
+        env_feedback="ok", timings=StepTimings(policy_s=0.1, browser_s=0.1, wait_s=0.1))
+
+
+def trajectory(run, tid, gid, instruction, steps, outcome=None, reason="judge"):
+    """EpisodeStarted, the steps [(keys, token versions, policy version)], and EpisodeFinished if `outcome`."""
+    events = [EpisodeStarted(run_id=run, trajectory_id=tid, group_id=gid, task_id=gid, worker_id="w",
+                             instruction=instruction, horizon=10, policy_version=0)]
+    events += [step(run, tid, gid, s, keys, versions, pv) for s, (keys, versions, pv) in enumerate(steps)]
+    if outcome:
+        events.append(EpisodeFinished(run_id=run, trajectory_id=tid, group_id=gid, task_id=gid, outcome=outcome,
+                                      reward=float(outcome == "success"), num_steps=len(steps), reason=reason))
+    return events
+
+
+def update(run, n, version_before, tids, stats):
+    return UpdateApplied(run_id=run, update_step=n, version_before=version_before, version_after=version_before + 1,
+                         group_ids=[], trajectory_ids=tids, loss=0.0, grad_norm=1.0, stats=stats, config_json="{}",
+                         weights_sha256=SHA, duration_s=1.0)
+
+
+def group(run, gid, tids, rewards, outcomes, steps):
+    return GroupCompleted(run_id=run, group_id=gid, task_id=gid, trajectory_ids=tids, rewards=rewards,
+                          num_steps=steps, outcomes=outcomes, min_policy_version=0, max_policy_version=2)
+
+
+def run_r1() -> list:
+    bkp = ["blue kettle price"]
+    return [
+        *trajectory("r1", "A", "g1", KETTLE, [(bkp, [1, 1, 1], 1), (bkp, [2, 2], 2)], "success"),
+        *trajectory("r1", "B", "g1", KETTLE, [
+            (["kettle"], [1], 1),
+            (["kettle", "step_1"], [1, 1], 1),
+            (["kettle", "step_1", "current_page"], [2], 2),
+            (["kettle", "step_1", "current_page"], [2, 2, 2, 2], 2)], "failure"),
+        *trajectory("r1", "C", "g2", CURIE, [
+            (["notes"], [0, 0], 0),
+            (["notes", "Curie birth year"], [0], 0),
+            (["notes", "Curie birth year"], [], 0)], "failure"),  # a step without tokens
+        *trajectory("r1", "D", "g2", CURIE, [(["Weather today"], [1], 1)], "env_error", reason="browser_crash"),
+        group("r1", "g1", ["A", "B"], [1.0, 0.0], ["success", "failure"], [2, 4]),
+        group("r1", "g2", ["C", "D"], [0.0, 0.0], ["failure", "env_error"], [3, 1]),
+        update("r1", 0, 3, ["A", "B"], {"clip_frac": 0.1}),
+        update("r1", 1, 4, ["A"], {"clip_frac": 0.3, "kl": 0.01}),
+        update("r1", 2, 5, ["C"], {"kl": 0.02}),  # reported no clip fraction
+    ]
+
+
+def run_r2() -> list:
+    """Another run in the same ledger, still running: must never leak into r1's numbers."""
+    return trajectory("r2", "E", "g9", KETTLE, [(["task_1"], [9, 9], 9)])
+
+
+def write_ledger(root, events) -> None:
+    """The ledger writer's layout: one file per (run, type) batch; A's steps split over two files."""
+    batches = defaultdict(list)
+    for e in events:
+        batches[(e.run_id, type(e).__name__, getattr(e, "trajectory_id", "") == "A")].append(e)
+    for (run, kind, _), batch in batches.items():
+        directory = root / f"run_id={run}" / f"event_type={kind}"
+        directory.mkdir(parents=True, exist_ok=True)
+        pq.write_table(events_to_table(batch), directory / f"part-{uuid.uuid4().hex[:8]}.parquet")
+
+
+@pytest.fixture(scope="module")
+def ledger(tmp_path_factory):
+    root = tmp_path_factory.mktemp("ledger")
+    write_ledger(root, run_r1() + run_r2())
+    return root
+
+
+@pytest.fixture()
+def con(ledger):
+    c = connect(ledger)
+    yield c
+    c.close()
+
+
+def test_drift_metrics_are_exact(con):
+    r = drift_metrics(con, "r1")
+    # distinct (trajectory, key) pairs: A 1 + B 3 + C 2 + D 1 = 7. Generic: step_1, current_page, notes
+    # by pattern; "Weather today" shares no word with CURIE. "Curie birth year" shares "curie".
+    assert (r.distinct_keys, r.generic_by_pattern, r.generic_by_overlap_only) == (7, 3, 1)
+    assert r.generic_key_ratio == pytest.approx(4 / 7)
+    # first = last key set: A yes, B no, C no; D has one step and is left out -> 1/3
+    assert (r.multi_step_trajectories, r.first_last_stable_ratio) == (3, pytest.approx(1 / 3))
+    # adjacent pairs: A 1/1 unchanged, B 1/3 (steps 2-3), C 1/2 (steps 1-2) -> 3/6
+    assert (r.adjacent_pairs, r.adjacent_unchanged_ratio) == (6, 0.5)
+    # keys at step 0: 1,1,1,1; step 1: 1,2,2; step 2: 3,2; step 3: 3
+    assert [(k["step"], k["steps"], k["mean_keys"]) for k in r.keys_by_step] == [
+        (0, 4, 1.0), (1, 3, pytest.approx(5 / 3)), (2, 2, 2.5), (3, 1, 3.0)]
+    # x mean 1, y mean 1.7; Sxy = 4*0.7 + 1.3 + 0.3 + 2*1.3 = 7.0, Sxx = 4 + 2 + 4 = 10 -> 0.7
+    assert r.keys_per_step_slope == pytest.approx(0.7)
+    assert (r.steps, r.trajectories) == (10, 4)
+    # tokens of the 9 steps that have any: 3+2 + 1+2+1+4 + 2+1 + 1 = 17
+    assert r.mean_response_tokens == pytest.approx(17 / 9)
+    # success A: 2 steps; failures B 4, C 3 -> 3.5; env_error D is neither. 3.5 / 2 = 1.75
+    assert (r.successes, r.failures, r.success_mean_steps, r.failure_mean_steps) == (1, 2, 2.0, 3.5)
+    assert r.length_downweight == pytest.approx(1.75)
+    # update 0 (before v3) trains A: 3*(3-1) + 2*(3-2) = 8 over 5 tokens; B: 2 + 2*2 + 1 + 4*1 = 11 over 8
+    # update 1 (v4) trains A again: 3*3 + 2*2 = 13 over 5; update 2 (v5) trains C: 5+5 + 5 = 15 over 3
+    assert r.trained_tokens == 21
+    assert r.offpolicy_gap_mean == pytest.approx((8 + 11 + 13 + 15) / 21)
+    assert r.offpolicy_gap_max == 5
+    # clip_frac 0.1 and 0.3; update 2 did not report one
+    assert r.updates == 3
+    assert [c["update_step"] for c in r.clip_rate_by_update] == [0, 1]
+    assert r.clip_rate_mean == pytest.approx(0.2)
+
+
+def test_drift_config_is_respected(con):
+    r = drift_metrics(con, "r1", DriftConfig(generic_key_patterns=(r"notes",), token_metrics=False))
+    assert (r.generic_by_pattern, r.generic_by_overlap_only) == (1, 3)  # step_1, current_page: no content word
+    assert r.mean_response_tokens is None and r.offpolicy_gap_mean is None
+    r = drift_metrics(con, "r1", DriftConfig(stop_words=(), min_word_len=1))
+    assert r.generic_by_overlap_only == 1  # "Weather today" still shares nothing with CURIE
+
+
+def test_run_without_updates_or_finishes_has_none(con):
+    r = drift_metrics(con, "r2")
+    assert (r.steps, r.updates, r.offpolicy_gap_mean, r.clip_rate_mean, r.length_downweight) == (1, 0, None, None, None)
+    assert r.generic_key_ratio == 1.0  # task_1
+    assert r.first_last_stable_ratio is None and r.adjacent_unchanged_ratio is None
+    assert json.dumps(r.to_dict())
+
+
+def test_trajectories_view(con):
+    rows = con.execute("SELECT trajectory_id, outcome, num_steps, response_tokens, min_policy_version, "
+                       "max_policy_version, env_error_reason, instruction FROM trajectories "
+                       "ORDER BY run_id, trajectory_id").fetchall()
+    assert rows == [
+        ("A", "success", 2, 5, 1, 2, None, KETTLE),
+        ("B", "failure", 4, 8, 1, 2, None, KETTLE),
+        ("C", "failure", 3, 3, 0, 0, None, CURIE),
+        ("D", "env_error", 1, 1, 1, 1, "browser_crash", CURIE),
+        ("E", None, 1, 2, 9, 9, None, KETTLE),  # r2, still running: steps recorded so far
+    ]
+
+
+def test_groups_view_uses_the_trainers_advantages(con):
+    rows = con.execute("SELECT group_id, rewards, advantages, informative FROM groups WHERE run_id = $run "
+                       "ORDER BY group_id", {"run": "r1"}).fetchall()
+    assert [(g, i) for g, _, _, i in rows] == [("g1", True), ("g2", False)]  # all-equal rewards teach nothing
+    for _, rewards, advantages, _ in rows:
+        assert advantages == group_advantages(rewards)
+    assert rows[1][2] == [0.0, 0.0]
+
+
+def test_updates_and_step_views(con):
+    assert con.execute("SELECT update_step, clip_frac, num_trajectories FROM updates WHERE run_id = 'r1' "
+                       "ORDER BY update_step").fetchall() == [(0, 0.1, 2), (1, 0.3, 1), (2, None, 1)]
+    assert con.execute("SELECT memory_keys, num_keys, response_tokens FROM steps WHERE trajectory_id = 'B' "
+                       "AND step = 2").fetchall() == [(["current_page", "kettle", "step_1"], 3, 1)]
+
+
+def test_missing_event_types_give_empty_views_with_columns(tmp_path):
+    write_ledger(tmp_path, run_r2())  # no GroupCompleted, UpdateApplied, ... files at all
+    for root in (tmp_path, tmp_path / "never-written"):
+        con = connect(root)
+        for view, cls in RAW_VIEWS.items():
+            columns = [c[0] for c in con.execute(f"DESCRIBE {view}").fetchall()]
+            assert columns == arrow_schema(cls).names
+        for view in VIEWS:
+            con.execute(f"SELECT * FROM {view}").fetchall()
+        assert con.execute("SELECT count(*) FROM groups").fetchone() == (0,)
+        assert drift_metrics(con, "nope").steps == 0
+        con.close()
+    assert not (tmp_path / "never-written").exists()  # reading never creates the ledger
+
+
+REFUSED = [
+    "DROP VIEW steps",
+    "INSERT INTO steps SELECT * FROM steps",
+    "WITH x AS (SELECT 1) INSERT INTO t SELECT * FROM x",
+    "COPY steps TO 'out.csv'",
+    "COPY (SELECT 1) TO 'out.parquet' (FORMAT parquet)",
+    "EXPLAIN ANALYZE COPY (SELECT 1) TO 'out.csv'",
+    "ATTACH 'other.db'",
+    "DETACH memory",
+    "INSTALL httpfs",
+    "LOAD httpfs",
+    "SET threads = 1",
+    "RESET threads",
+    "PRAGMA version",
+    "CALL pragma_version()",
+    "CREATE TABLE t AS SELECT 1",
+    "DELETE FROM steps",
+    "EXPORT DATABASE 'dump'",
+    "SELECT 1; DROP VIEW steps",
+    "SELECT 1; SELECT 2",
+    "",
+]
+ALLOWED = ["SELECT count(*) FROM steps", "WITH t AS (SELECT 1 AS a) SELECT a FROM t", "DESCRIBE steps",
+           "SHOW TABLES", "EXPLAIN SELECT * FROM steps", "FROM trajectories", "SUMMARIZE updates", "VALUES (1)"]
+
+
+@pytest.mark.parametrize("query", REFUSED)
+def test_sql_refuses_anything_but_one_query(con, query):
+    with pytest.raises(NotReadOnly):
+        check_read_only(con, query)
+
+
+@pytest.mark.parametrize("query", ALLOWED)
+def test_sql_allows_queries(con, query):
+    run_query(con, query)
+
+
+def test_locked_connection_reaches_nothing_outside_the_ledger(con, tmp_path):
+    with pytest.raises(duckdb.PermissionException):
+        con.execute("SELECT * FROM read_csv('/etc/passwd')")
+    with pytest.raises(duckdb.Error):
+        con.execute(f"COPY (SELECT 1) TO '{tmp_path / 'x.csv'}'")
+    with pytest.raises(duckdb.Error):
+        con.execute("SET enable_external_access = true")
+    assert not (tmp_path / "x.csv").exists()
+
+
+@pytest.fixture()
+def cli():
+    app = typer.Typer()
+    register(app)
+    return lambda *args: CliRunner().invoke(app, [str(a) for a in args])
+
+
+def test_cli_sql_drift_and_report(cli, ledger, tmp_path):
+    res = cli("sql", "SELECT trajectory_id, outcome FROM trajectories WHERE run_id = 'r1' ORDER BY 1", "--json",
+              "--ledger", ledger)
+    assert res.exit_code == 0, res.output
+    assert [r["outcome"] for r in json.loads(res.output)] == ["success", "failure", "failure", "env_error"]
+    assert cli("sql", "SELECT * FROM steps", "--limit", "3", "--ledger", ledger).exit_code == 0
+    res = cli("sql", f"COPY steps TO '{tmp_path / 'x.csv'}'", "--ledger", ledger)
+    assert res.exit_code == 2 and "refused" in res.output and not (tmp_path / "x.csv").exists()
+    res = cli("drift", "r1", "--json", "--ledger", ledger)
+    assert res.exit_code == 0, res.output
+    assert math.isclose(json.loads(res.output)["generic_key_ratio"], 4 / 7)
+    assert cli("drift", "r1", "--no-tokens", "--ledger", ledger).exit_code == 0
+    res = cli("report", "r1", "--out", tmp_path / "rep", "--ledger", ledger)
+    assert res.exit_code == 0, res.output
+    names = {p.name for p in (tmp_path / "rep").iterdir()}
+    assert names == {"report.md", "keys_per_step.png", "lengths.png", "success_over_time.png"}
+    assert "generic_key_ratio | 57.1% | 34% | 11%" in (tmp_path / "rep" / "report.md").read_text()
+
+
+def test_report_of_an_empty_run(con, tmp_path):
+    path = write_report(con, "nope", tmp_path)
+    assert "No finished trajectories" in path.read_text() and list(tmp_path.glob("*.png")) == []
+
+
+@pytest.mark.slow
+def test_views_over_an_s3_ledger_match_the_local_ones(stack, ledger):
+    from pipeline.ledger import LedgerWriter
+
+    settings = stack.settings()
+    settings = settings.model_copy(update={"ledger_uri": f"s3://{settings.s3_bucket}/analysis-{uuid.uuid4().hex[:8]}"})
+    writer = LedgerWriter(settings)
+    batches = defaultdict(list)
+    for e in run_r1() + run_r2():
+        batches[(e.run_id, type(e).__name__)].append(e)
+    for (run, kind), batch in batches.items():
+        writer._write(run, kind, batch)
+    s3, local = connect(settings), connect(ledger)
+    query = "SELECT * EXCLUDE (started_at, finished_at) FROM trajectories ORDER BY trajectory_id"
+    assert s3.execute(query).fetchall() == local.execute(query).fetchall()
+    expected = drift_metrics(local, "r1").to_dict()
+    assert drift_metrics(s3, "r1").to_dict() == expected

@@ -1,0 +1,177 @@
+"""Dagster assets over a real (local) ledger: definitions load, every asset materializes from events
+written by the ledger writer, and the `groups` advantages are the trainer's advantages."""
+
+from __future__ import annotations
+
+import os
+
+import dagster as dg
+import pyarrow.parquet as pq
+import pytest
+
+from assets import all_assets, defs
+from assets.io import Ledger, ParquetIOManager
+from assets.sensors import ledger_sensor
+from pipeline.advantages import group_advantages, informative
+from pipeline.ledger import LedgerWriter
+from pipeline.samples import sample_group
+from pipeline.settings import StackSettings
+from schemas import BY_NAME, PolicyVersionPublished, UpdateApplied
+
+SHA = "ab" * 32
+RUN = "run-a"
+ASSETS = ("steps", "trajectories", "groups", "policy_versions", "updates", "throughput", "memory_drift")
+pytestmark = pytest.mark.filterwarnings("ignore:InitResourceContext.dagster_run:DeprecationWarning")  # Dagster's own
+
+
+def write_sample_run(root: str, run_id: str = RUN, groups: int = 2) -> dict[str, list]:
+    """Write a small run (two GRPO groups, one update, two versions) through `LedgerWriter`."""
+    events = [e for g in range(groups) for e in sample_group(run_id, f"g{g}", [SHA], seed=g)]
+    events += [PolicyVersionPublished(run_id=run_id, version=v, checkpoint_uri=f"s3://awrl/ckpt/{v}",
+                                      checkpoint_sha256=SHA, update_step=v - 1 if v else None) for v in (0, 1)]
+    trained = [e.trajectory_id for e in events if type(e).__name__ == "EpisodeFinished"]
+    events.append(UpdateApplied(run_id=run_id, update_step=0, version_before=0, version_after=1,
+                                group_ids=[f"g{g}" for g in range(groups)], trajectory_ids=trained, loss=0.5,
+                                grad_norm=1.0, stats={"clip_frac": 0.1}, config_json="{}",
+                                weights_sha256=SHA, duration_s=0.2))
+    by_type: dict[str, list] = {}
+    for e in events:
+        by_type.setdefault(type(e).__name__, []).append(e)
+    writer = LedgerWriter(StackSettings(ledger_uri=root))
+    for event_type, batch in by_type.items():
+        writer._write(run_id, event_type, batch)
+    return by_type
+
+
+def materialize_run(root: str, run_id: str = RUN) -> tuple[dg.ExecuteInProcessResult, dg.DagsterInstance]:
+    instance = dg.DagsterInstance.ephemeral()
+    instance.add_dynamic_partitions("runs", [run_id])
+    ledger = Ledger(ledger_uri=root)
+    result = dg.materialize(all_assets, partition_key=run_id, instance=instance,
+                            resources={"ledger": ledger, "io_manager": ParquetIOManager(ledger=ledger)})
+    return result, instance
+
+
+def test_definitions_load():
+    dg.Definitions.validate_loadable(defs)
+    repo = defs.get_repository_def()
+    names = {k.to_user_string() for k in repo.asset_graph.get_all_asset_keys()}
+    assert names == set(ASSETS)
+    assert repo.has_sensor_def("ledger_sensor")
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    root = str(tmp_path_factory.mktemp("ledger"))
+    events = write_sample_run(root)
+    result, _ = materialize_run(root)
+    return root, events, result
+
+
+def _table(root: str, asset: str, run_id: str = RUN):
+    return pq.read_table(os.path.join(root, "assets", asset, f"run_id={run_id}", "data.parquet"))
+
+
+def test_assets_materialize_with_row_counts(run):
+    root, events, result = run
+    assert result.success
+    n_steps, n_traj = len(events["StepRecorded"]), len(events["EpisodeStarted"])
+    expected = {"steps": n_steps, "trajectories": n_traj, "groups": 2, "policy_versions": 2, "updates": 1,
+                "memory_drift": 1}
+    for asset, rows in expected.items():
+        assert _table(root, asset).num_rows == rows, asset
+        meta = result.asset_materializations_for_node(asset)[0].metadata
+        assert meta["dagster/row_count"].value == rows, asset
+    traj = _table(root, "trajectories").to_pylist()
+    assert sum(t["length"] for t in traj) == n_steps
+    assert {t["outcome"] for t in traj} <= {"success", "failure"}
+    assert _table(root, "throughput").column("steps").to_pylist() == [n_steps]  # written within a minute
+    for asset, plot in (("trajectories", "success_rate_curve"), ("memory_drift", "keys_by_step_curve")):
+        png = result.asset_materializations_for_node(asset)[0].metadata[plot].value
+        assert "](data:image/png;base64," in png, asset
+
+
+def test_memory_drift_is_the_analysis_report(run):
+    from analysis.drift import drift_metrics
+    from analysis.ledger import connect
+
+    root, events, _ = run
+    (row,) = _table(root, "memory_drift").to_pylist()
+    report = drift_metrics(connect(root), RUN).to_dict()
+    assert row == report
+    assert row["steps"] == len(events["StepRecorded"]) and row["keys_by_step"]  # sample memory grows per step
+
+
+def test_groups_advantages_match_the_trainer_function(run):
+    root, events, _ = run
+    rows = {r["group_id"]: r for r in _table(root, "groups").to_pylist()}
+    for done in events["GroupCompleted"]:
+        row = rows[done.group_id]
+        assert row["advantages"] == group_advantages(done.rewards)
+        assert row["informative"] == informative(done.rewards)
+
+
+def test_sensor_adds_runs_and_refreshes_changed_ones(tmp_path):
+    root = str(tmp_path)
+    write_sample_run(root, "run-b", groups=1)
+    instance = dg.DagsterInstance.ephemeral()
+    ctx = dg.build_sensor_context(instance=instance, resources={"ledger": Ledger(ledger_uri=root)})
+    first = ledger_sensor(ctx)
+    assert first.dynamic_partitions_requests[0].partition_keys == ["run-b"]
+    assert [r.partition_key for r in first.run_requests] == ["run-b"]
+
+    instance.add_dynamic_partitions("runs", ["run-b"])
+    ctx = dg.build_sensor_context(instance=instance, cursor=first.cursor,
+                                  resources={"ledger": Ledger(ledger_uri=root)})
+    idle = ledger_sensor(ctx)
+    assert idle.run_requests == [] and idle.dynamic_partitions_requests == []
+
+    more = list(sample_group("run-b", "g9", [SHA], seed=9))
+    LedgerWriter(StackSettings(ledger_uri=root))._write("run-b", "StepRecorded",
+                                                        [e for e in more if type(e) is BY_NAME["StepRecorded"]])
+    ctx = dg.build_sensor_context(instance=instance, cursor=first.cursor,
+                                  resources={"ledger": Ledger(ledger_uri=root)})
+    again = ledger_sensor(ctx)
+    assert [r.partition_key for r in again.run_requests] == ["run-b"]
+    assert again.run_requests[0].run_key != first.run_requests[0].run_key
+
+
+def test_a_run_that_just_started_materializes(tmp_path):
+    """The sensor picks a run up as soon as its first file lands, so every asset copes with event types
+    that have no file yet (and with episodes that have not finished)."""
+    root = str(tmp_path)
+    started = [e for e in sample_group("fresh", "g0", [SHA]) if type(e).__name__ == "EpisodeStarted"]
+    LedgerWriter(StackSettings(ledger_uri=root))._write("fresh", "EpisodeStarted", started)
+    result, _ = materialize_run(root, "fresh")
+    assert result.success
+    assert {t["outcome"] for t in _table(root, "trajectories", "fresh").to_pylist()} == {"running"}
+    assert _table(root, "steps", "fresh").num_rows == 0 and _table(root, "groups", "fresh").num_rows == 0
+
+
+def test_ledger_writer_restarts_beside_materialized_assets(run):
+    root, events, _ = run
+    writer = LedgerWriter(StackSettings(ledger_uri=root))
+    assert len(writer.seen) == sum(len(v) for v in events.values())
+
+
+def test_assets_on_the_s3_ledger(stack, monkeypatch):
+    """The same run on the stack's S3 (radosgw): events and asset files written with single PUTs,
+    read back through pyarrow's S3 filesystem; credentials come from `AWRL_*` as under `dagster dev`."""
+    import uuid
+
+    from pipeline.ledger import ledger_filesystem
+
+    settings = stack.settings().model_copy(update={"ledger_uri": f"s3://{stack.bucket}/ledger-{uuid.uuid4().hex[:8]}"})
+    for line in stack.dotenv().splitlines()[1:]:
+        key, value = line.split("=", 1)
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("AWRL_LEDGER_URI", settings.ledger_uri)
+    events = write_sample_run(settings.ledger_uri, groups=1)
+    assert list(Ledger().run_fingerprints()) == [RUN]
+    result, _ = materialize_run(settings.ledger_uri)
+    assert result.success
+    fs, root = ledger_filesystem(settings)
+    table = pq.read_table(f"{root}/assets/groups/run_id={RUN}/data.parquet", filesystem=fs)
+    assert table.column("advantages").to_pylist() == [group_advantages(events["GroupCompleted"][0].rewards)]
+    assert pq.read_table(f"{root}/assets/steps/run_id={RUN}/data.parquet", filesystem=fs).num_rows == len(
+        events["StepRecorded"])

@@ -1,0 +1,143 @@
+"""`dagster dev` as the user runs it, driven through its web UI in real Chromium.
+
+A tmp ledger holds one run; the sensor (running by default in the daemon) must add it as a partition
+and refresh it; then the test launches "Materialize all" from the asset graph like a person would and
+waits for the run to succeed. A screenshot of the graph goes to the tmp dir and to /tmp/dagster_ui.png.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from test_assets import ASSETS, RUN, write_sample_run
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
+
+REPO = Path(__file__).resolve().parents[1]
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync"]
+RUNS = "{ runsOrError { ... on Runs { results { runId status tags { key value } } } } }"
+PARTITIONS = '{ assetNodeOrError(assetKey: {path: ["steps"]}) { ... on AssetNode { partitionKeys } } }'
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _graphql(base: str, query: str) -> dict:
+    req = urllib.request.Request(f"{base}/graphql", data=json.dumps({"query": query}).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        return json.load(resp)["data"]
+
+
+def _wait(what: str, check, timeout: float, every: float = 2.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if value := check():
+            return value
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+@pytest.fixture()
+def dagster_dev(tmp_path):
+    """`dagster dev -m assets` on a free port; stopped with SIGINT (it ignores SIGTERM), then killed."""
+    ledger, home = tmp_path / "ledger", tmp_path / "home"
+    write_sample_run(str(ledger))
+    home.mkdir()
+    (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    base = f"http://127.0.0.1:{_free_port()}"
+    env = {**os.environ, "DAGSTER_HOME": str(home), "AWRL_LEDGER_URI": str(ledger)}
+    log = open(tmp_path / "dagster_dev.log", "wb")
+    started = time.monotonic()
+    proc = subprocess.Popen(
+        [str(Path(sys.executable).with_name("dagster")), "dev", "-m", "assets", "-h", "127.0.0.1",
+         "-p", base.rsplit(":", 1)[1]], cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
+        start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+
+    def up():
+        assert proc.poll() is None, (tmp_path / "dagster_dev.log").read_text()[-3000:]
+        try:
+            return urllib.request.urlopen(f"{base}/server_info", timeout=5).status == 200
+        except OSError:
+            return False
+
+    try:
+        _wait("the webserver", up, timeout=180)
+        print(f"dagster dev answered after {time.monotonic() - started:.1f} s")
+        yield base, tmp_path, ledger
+    finally:
+        stopping = time.monotonic()
+        os.killpg(proc.pid, signal.SIGINT)
+        try:
+            proc.wait(timeout=30)
+            print(f"dagster dev stopped on SIGINT in {time.monotonic() - stopping:.1f} s")
+        except subprocess.TimeoutExpired:
+            print("dagster dev ignored SIGINT for 30 s: killing its process group")
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # children that outlived the parent
+        except ProcessLookupError:
+            pass
+        proc.wait()
+        log.close()
+
+
+def test_sensor_and_ui_materialize_a_run(dagster_dev):
+    from playwright.sync_api import sync_playwright
+
+    base, tmp_path, ledger = dagster_dev
+    partitions = lambda: _graphql(base, PARTITIONS)["assetNodeOrError"]["partitionKeys"]  # noqa: E731
+    t0 = time.monotonic()
+    assert _wait("the sensor to add the run partition", partitions, timeout=90) == [RUN]
+    print(f"sensor added the partition after {time.monotonic() - t0:.1f} s")
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 1400, "height": 900})
+        page.goto(f"{base}/asset-groups/default/lineage")
+        materialize = page.get_by_role("button", name="Materialize all")
+        materialize.wait_for(timeout=90_000)
+        try:  # first visit of a fresh browser: a "join the community" dialog covers the page
+            page.get_by_role("button", name="Skip").click(timeout=5_000)
+        except Exception:
+            pass
+        materialize.click()
+        dialog = page.get_by_role("dialog")
+        dialog.get_by_role("button", name="All", exact=True).click()
+        dialog.get_by_role("button", name="Launch 1 run").click()
+        dialog.wait_for(state="hidden", timeout=30_000)
+        print(f"run launched from the UI after {time.monotonic() - t0:.1f} s")
+
+        def finished_runs():
+            runs = _graphql(base, RUNS)["runsOrError"]["results"]
+            ui = [r for r in runs if not any(t["key"] == "dagster/sensor_name" for t in r["tags"])]
+            done = all(r["status"] in ("SUCCESS", "FAILURE", "CANCELED") for r in runs)
+            return runs if ui and done else None
+
+        runs = _wait("the launched runs to finish", finished_runs, timeout=180)
+        assert {r["status"] for r in runs} == {"SUCCESS"}, runs
+        print(f"{len(runs)} runs succeeded after {time.monotonic() - t0:.1f} s")
+        assert any(t["key"] == "dagster/sensor_name" for r in runs for t in r["tags"]), "sensor launched no run"
+
+        page.reload()
+        page.get_by_text("100% filled").first.wait_for(timeout=60_000)
+        page.wait_for_timeout(1_000)
+        page.screenshot(path=str(tmp_path / "asset_graph.png"))
+        browser.close()
+    shutil.copy(tmp_path / "asset_graph.png", "/tmp/dagster_ui.png")
+    for asset in ASSETS:
+        assert (ledger / "assets" / asset / f"run_id={RUN}" / "data.parquet").exists(), asset
