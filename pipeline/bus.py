@@ -172,6 +172,14 @@ class EventConsumer:
         """Whether the group has given this member partitions yet (joining takes a few seconds)."""
         return bool(self._kafka.assignment())
 
+    @property
+    def owns_all_partitions(self) -> bool:
+        """Whether this member holds every partition of its topics. After a member crashes, the group
+        may first hand out partitions to the survivor and the dead member alike, and only rebalance
+        again once the dead member's session expires; "caught up" means nothing until then."""
+        total = sum(len(self._kafka.partitions_for_topic(t) or ()) for t in self._topics)
+        return total > 0 and len(self._kafka.assignment()) == total
+
     def pause(self) -> None:
         """Stop fetching (the member stays in the group while `poll()` keeps being called)."""
         self._kafka.pause(*self._kafka.assignment())

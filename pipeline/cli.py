@@ -90,18 +90,22 @@ def _print_status(stack) -> bool:
 @app.command()
 def demo(
     data_dir: Path = DATA_DIR,
-    groups: int = typer.Option(40, help="Sample task groups to publish (4 episodes each)."),
-    keep: bool = typer.Option(False, help="Leave the stack running afterwards."),
+    episodes: int = typer.Option(8, help="Episodes to run (groups of 4)."),
+    workers: int = typer.Option(2, help="Browsers in the pool."),
+    keep: bool = typer.Option(True, help="Leave the stack running for `dagster dev` and `awrl sql`."),
 ) -> None:
-    """Run the main job on the local stack and print a summary."""
+    """The main job on the local stack: rollout -> event log -> ledger -> drift -> Dagster."""
     from pipeline.demo import run_demo
     from pipeline.stack.local import LocalStack
 
     already = LocalStack.load(data_dir)
     with console.status("starting the local stack ..."):
         stack = LocalStack.up(data_dir)
+    # This process and a later `dagster dev` read the stack from the same settings.
+    os.environ.update(dict(line.split("=", 1) for line in stack.dotenv().splitlines()[1:]))
+    stack.write_dotenv(Path(".env"))
     try:
-        summary = run_demo(stack.settings(), groups=groups)
+        summary = run_demo(stack.settings(), episodes=episodes, workers=workers)
     finally:
         if not keep and already is None:
             stack.down()
@@ -110,10 +114,12 @@ def demo(
     table.add_column("value", justify="right")
     for k, v in vars(summary).items():
         if k != "run_id":
-            table.add_row(k.replace("_", " "), f"{v:.1f}" if isinstance(v, float) else str(v))
+            table.add_row(k.replace("_", " "), f"{v:.3f}" if isinstance(v, float) else str(v))
     console.print(table)
-    if summary.events_consumed != summary.events_published:
-        _fail("events lost between producer and consumer")
+    console.print(f"next: [bold]awrl drift {summary.run_id}[/], [bold]awrl sql \"SELECT * FROM trajectories\"[/], "
+                  f"[bold]dagster dev[/] (reads .env), [bold]awrl stack down[/] when done")
+    if summary.events_in_ledger == 0 or summary.episodes < episodes:
+        _fail("the run did not reach the ledger")
 
 
 def _register_analysis() -> None:

@@ -1,80 +1,73 @@
-"""`awrl demo`: the main job on the embedded stack.
+"""`awrl demo`: the main job on the embedded stack, end to end.
 
-Today it exercises the foundation end to end: publish a few hundred sample step events whose
-screenshots go to the object store by hash, consume them back through a consumer group, verify every
-screenshot, and print a summary. Later stages (rollout, ledger, training) plug in here.
+Stack up -> an everlasting pool of real browsers runs our sites' tasks (oracle policy, Set-of-Mark)
+-> every step on the event log, every screenshot in S3 by hash -> the ledger writer folds the log into
+Parquet -> DuckDB computes the run's drift metrics -> Dagster materializes the run's tables. The
+training stages (SFT, RL) plug in between rollout and ledger as their issues land.
 """
 
 from __future__ import annotations
 
 import time
 import uuid
-from collections import Counter
 from dataclasses import dataclass
 
-from rich.progress import Progress
-
-from pipeline.bus import EventConsumer, EventProducer
-from pipeline.samples import render_page, sample_group
+from pipeline.ledger import LedgerWriter
 from pipeline.settings import StackSettings
-from pipeline.store import ScreenshotStore
-from pipeline.topics import ROLLOUT
-from schemas import StepRecorded
 
 
 @dataclass
 class DemoSummary:
     run_id: str
-    events_published: int
-    events_consumed: int
-    by_type: dict[str, int]
-    screenshots_referenced: int
+    episodes: int
+    success_rate: float
+    steps: int
+    steps_per_s: float
+    events_in_ledger: int
+    ledger_files: int
     screenshots_stored: int
-    dedup_hits: int
-    screenshots_verified: int
+    generic_key_ratio: float | None
+    length_downweight: float | None
+    dagster_assets_materialized: int
     seconds: float
 
 
-def run_demo(settings: StackSettings, groups: int = 40, pages: int = 30) -> DemoSummary:
+def run_demo(settings: StackSettings, episodes: int = 8, workers: int = 2) -> DemoSummary:
+    from analysis import connect, drift_metrics
+    from rollout.episode import EpisodeConfig
+    from rollout.run import RolloutRequest, run_rollout
+
     start = time.perf_counter()
     run_id = f"demo-{uuid.uuid4().hex[:8]}"
-    store = ScreenshotStore.from_settings(settings)
-    producer = EventProducer(settings, client_id="awrl-demo")
-    with Progress(transient=True) as progress:
-        task = progress.add_task("storing screenshots", total=pages)
-        hashes = []
-        for i in range(pages):
-            hashes.append(store.put(render_page(f"Page {i % (pages // 2)}", seed=i % (pages // 2))))
-            progress.advance(task)
-        events = []
-        task = progress.add_task("publishing events", total=groups)
-        for g in range(groups):
-            group = list(sample_group(run_id, f"{run_id}-g{g}", hashes, seed=g))
-            events.extend(group)
-            producer.publish_all(group)
-            progress.advance(task)
-        consumer = EventConsumer(settings, f"{run_id}-reader", [ROLLOUT], producer, client_id="awrl-demo")
-        task = progress.add_task("consuming events", total=len(events))
-        seen: dict[str, object] = {}
-        deadline = time.monotonic() + 60
-        while len(seen) < len(events) and time.monotonic() < deadline:
-            for d in consumer.poll(timeout_ms=500):
-                if d.event.run_id == run_id and d.event.event_id not in seen:
-                    seen[d.event.event_id] = d.event
-                    progress.advance(task)
-            consumer.commit()
-        consumer.close()
-        producer.close()
-        referenced = {e.screenshot_sha256 for e in seen.values() if isinstance(e, StepRecorded)}
-        fetched = store.get_many(referenced)
+    req = RolloutRequest(suite="sites", policy="oracle", workers=workers, group_size=4, episodes=episodes,
+                         run_id=run_id, episode=EpisodeConfig(som=True))
+    stats = run_rollout(settings, req)
+    writer = LedgerWriter(settings)
+    ledger = writer.sync(idle_exit_s=3.0)
+    con = connect(settings)
+    (written,) = con.execute("SELECT count(*) FROM step_recorded WHERE run_id = $r", {"r": run_id}).fetchone()
+    (shots,) = con.execute("SELECT count(DISTINCT screenshot_sha256) FROM steps WHERE run_id = $r",
+                           {"r": run_id}).fetchone()
+    drift = drift_metrics(con, run_id)
+    materialized = _materialize(run_id)
     return DemoSummary(
-        run_id=run_id,
-        events_published=len(events),
-        events_consumed=len(seen),
-        by_type=dict(Counter(type(e).__name__ for e in seen.values())),
-        screenshots_referenced=len(referenced),
-        screenshots_stored=store.stats.puts,
-        dedup_hits=store.stats.dedup_hits,
-        screenshots_verified=len(fetched),
+        run_id=run_id, episodes=stats.episodes, success_rate=stats.successes / max(stats.episodes, 1),
+        steps=stats.steps, steps_per_s=stats.steps_per_s, events_in_ledger=ledger.written,
+        ledger_files=ledger.files, screenshots_stored=shots, generic_key_ratio=drift.generic_key_ratio,
+        length_downweight=drift.length_downweight, dagster_assets_materialized=materialized,
         seconds=time.perf_counter() - start,
     )
+
+
+def _materialize(run_id: str) -> int:
+    """Materialize every asset for this run in-process, as `dagster dev` does on the sensor's request.
+
+    The assets read the stack through `StackSettings()` (environment / `.env`), like `dagster dev`."""
+    from dagster import DagsterInstance, materialize
+
+    from assets import all_assets, defs
+
+    instance = DagsterInstance.ephemeral()
+    instance.add_dynamic_partitions("runs", [run_id])
+    result = materialize(all_assets, partition_key=run_id, instance=instance, resources=defs.resources)
+    return len(result.get_asset_materialization_events())

@@ -97,24 +97,30 @@ class LedgerWriter:
             ids.update(pq.read_table(path, columns=["event_id"], filesystem=self.fs).column(0).to_pylist())
         return ids
 
-    def sync(self, follow: bool = False, idle_exit_s: float = 3.0, on_flush=None) -> LedgerStats:
-        """Write everything in the log; with `follow`, keep going until interrupted."""
+    def sync(self, follow: bool = False, idle_exit_s: float = 3.0, on_flush=None,
+             join_timeout_s: float = 60.0) -> LedgerStats:
+        """Write everything in the log; with `follow`, keep going until interrupted.
+
+        Without `follow`, stop once this member has owned every partition and seen nothing new for
+        `idle_exit_s` (or, when other writers share the group, `join_timeout_s` after starting)."""
         producer = EventProducer(self.settings, client_id="ledger-dlq")
         consumer = EventConsumer(self.settings, self.config.consumer_group, [TASKS, ROLLOUT, TRAINER], producer,
                                  client_id="ledger")
         try:
-            idle_since = None  # counted from when the group assigned us partitions
+            idle_since = None  # counted from when the group gave us every partition
+            started = time.monotonic()
             while True:
                 batch = self._collect(consumer)
                 if batch:
                     self._flush(batch)
                     consumer.commit()  # only now: the files above are durable
                     self.last_flush_at = time.perf_counter()
-                    idle_since = time.monotonic()
+                    idle_since = None
                     if on_flush:
                         on_flush(self.stats)
                 elif idle_since is None:
-                    idle_since = time.monotonic() if consumer.assigned else None
+                    complete = consumer.owns_all_partitions or time.monotonic() - started > join_timeout_s
+                    idle_since = time.monotonic() if complete and consumer.assigned else None
                 elif not follow and time.monotonic() - idle_since > idle_exit_s:
                     return self.stats
         finally:

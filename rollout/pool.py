@@ -52,6 +52,9 @@ class PoolStats:
     env_errors: int = 0
     steps: int = 0
     groups: int = 0
+    screenshots_uploaded: int = 0
+    screenshot_dedup_hits: int = 0
+    """Screenshots not uploaded because the same page was already stored."""
     started: float = field(default_factory=time.monotonic)
 
     @property
@@ -105,6 +108,8 @@ class RolloutPool:
             await asyncio.gather(*runners, return_exceptions=True)
             await asyncio.gather(*(w.close() for w in workers))
         self._stop.set()
+        self.stats.screenshots_uploaded = self.store.stats.puts
+        self.stats.screenshot_dedup_hits = self.store.stats.dedup_hits
         feeder.join(timeout=30), watcher.join(timeout=10)
         self.producer.close()
         return self.stats

@@ -11,13 +11,15 @@ from pipeline.stack.local import LocalStack
 from pipeline.store import ScreenshotStore
 
 
-def test_demo_runs_on_the_running_stack(stack):
+def test_demo_runs_on_the_running_stack(stack, tmp_path):
     out = subprocess.run(
-        [sys.executable, "-m", "pipeline.cli", "demo", "--groups", "5", "--data-dir", str(stack.data_dir)],
-        capture_output=True, text=True, timeout=300,
+        [sys.executable, "-m", "pipeline.cli", "demo", "--episodes", "4", "--no-keep", "--data-dir",
+         str(stack.data_dir)],
+        capture_output=True, text=True, timeout=600, cwd=tmp_path,
     )
-    assert out.returncode == 0, out.stdout + out.stderr
-    assert "events consumed" in out.stdout
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "events in ledger" in out.stdout and "dagster assets materialized" in out.stdout
+    assert (tmp_path / ".env").exists()
     assert stack.healthy(), "demo must not stop a stack it did not start"
 
 

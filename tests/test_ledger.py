@@ -74,9 +74,13 @@ def test_writer_killed_with_sigkill_loses_nothing_duplicates_nothing(settings, t
     rng = random.Random(7)
     threading.Thread(target=produce).start()
     kills = 0
+    files = lambda: len(list((tmp_path / "ledger").rglob("*.parquet")))  # noqa: E731
     while not done.is_set() or kills < 3:
         proc = subprocess.Popen(writer_cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        time.sleep(rng.uniform(2.0, 5.0))
+        before, deadline = files(), time.monotonic() + 60
+        while files() == before and time.monotonic() < deadline:  # kill it while it is writing
+            time.sleep(0.05)
+        time.sleep(rng.uniform(0.0, 0.6))
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
         kills += 1
