@@ -1,0 +1,7 @@
+"""Losses, one short module each: the decoupled PPO token objective, multi-step GRPO normalisers, RAFT++."""
+
+from trainer.losses.decoupled_ppo import PPOConfig, decoupled_ppo_objective
+from trainer.losses.grpo import GRPOConfig, grpo_loss, token_weights
+from trainer.losses.raft import raft_advantages
+
+__all__ = ["GRPOConfig", "PPOConfig", "decoupled_ppo_objective", "grpo_loss", "raft_advantages", "token_weights"]
