@@ -119,7 +119,7 @@ def drift(
                                 help="Token metrics (tokens per step, off-policy gap); they read every token."),
     ledger: str = LEDGER,
 ) -> None:
-    """Memory-schema drift metrics of one run (PAPERS.md, "Memory-schema drift")."""
+    """Memory-schema drift metrics of one run (AsyncWebRL, arXiv 2606.05597, "Memory-schema drift")."""
     from analysis.drift import DriftConfig, drift_metrics
 
     con = _connect(ledger)

@@ -1,4 +1,4 @@
-"""Memory-schema drift metrics of one run (PAPERS.md, "Memory-schema drift").
+"""Memory-schema drift metrics of one run (AsyncWebRL, arXiv 2606.05597, "Memory-schema drift").
 
 The paper's diagnosis: with the per-trajectory normaliser 1/|tau| the agent's `memory` object grows
 about one generic key per step (`task_1`, `current_step`, ...) instead of fixing task-specific keys at

@@ -21,7 +21,7 @@ from analysis.drift import DriftConfig, DriftReport, drift_metrics  # noqa: E402
 from analysis.ledger import sql  # noqa: E402
 
 TIME_BINS = 20
-PAPER = {  # PAPERS.md, "Memory-schema drift" and "Two inefficiencies": (1/|tau| run, 1/k run)
+PAPER = {  # AsyncWebRL, arXiv 2606.05597, "Memory-schema drift" and "Two inefficiencies": (1/|tau| run, 1/k run)
     "generic_key_ratio": ("34%", "11%"),
     "first_last_stable_ratio": ("7%", "65%"),
     "adjacent_unchanged_ratio": ("36%", "76%"),
@@ -65,7 +65,7 @@ def _fmt(value, percent: bool = False) -> str:
 
 def _markdown(r: DriftReport, plots: list[Path]) -> str:
     rows = [(k, v) for k, v in r.to_dict().items() if not isinstance(v, list) and k != "run_id"]
-    lines = [f"# Run `{r.run_id}`", "", "Metric definitions: `analysis/drift.py`. Paper columns: PAPERS.md.", "",
+    lines = [f"# Run `{r.run_id}`", "", "Metric definitions: `analysis/drift.py`. Paper columns: AsyncWebRL, arXiv 2606.05597.", "",
              "| metric | this run | paper, 1/\\|tau\\| | paper, 1/k |", "|---|---|---|---|"]
     for key, value in rows:
         tau, k = PAPER.get(key, ("", ""))

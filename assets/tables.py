@@ -187,7 +187,7 @@ or whose curve is empty has the same schema as every other partition."""
 
 @dg.asset(partitions_def=runs)
 def memory_drift(context: dg.AssetExecutionContext, ledger: Ledger) -> dg.Output[pa.Table]:
-    """The paper's length-coupled memory drift of one run (`analysis.drift`, PAPERS.md): one row of
+    """The paper's length-coupled memory drift of one run (`analysis.drift`, AsyncWebRL, arXiv 2606.05597): one row of
     metrics with its curves nested, so runs trained with 1/|tau| and 1/k compare side by side across
     partitions. The keys-per-step curve is the picture of the drift: ~1 key per step under 1/|tau|."""
     from analysis.drift import DriftReport, drift_metrics

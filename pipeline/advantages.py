@@ -1,7 +1,7 @@
 """GRPO group advantages, in one place: the trainer's batch builder, the Dagster `groups` asset and
 replay all call these functions, so the numbers can never disagree.
 
-    A_i = (R_i - mean(R)) / (std(R) + eps)          (PAPERS.md, "Algorithm side")
+    A_i = (R_i - mean(R)) / (std(R) + eps)          (AsyncWebRL, arXiv 2606.05597, "Algorithm side")
 
 `std` is the population standard deviation (ddof=0) of the group's rewards. A group whose rewards are
 all equal has zero advantage for every trajectory and teaches nothing: OpenWebRL's trajectory-level

@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 Difficulty = Literal["easy", "medium", "hard"]
 HORIZONS: dict[str, int] = {"easy": 10, "medium": 20, "hard": 30}
-"""Step budget per difficulty (PAPERS.md); running out is an ordinary failure."""
+"""Step budget per difficulty (AsyncWebRL, arXiv 2606.05597); running out is an ordinary failure."""
 
 
 class Task(BaseModel):

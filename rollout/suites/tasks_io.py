@@ -1,6 +1,6 @@
 """Task files: one `Task` as JSON per line, validated on load.
 
-Tasks are data, not code (DESIGN.md), so a bad file must fail loudly and point at the culprit: the
+Tasks are data, not code (the project design), so a bad file must fail loudly and point at the culprit: the
 error names the file, the 1-based line number and the field, e.g.
 `shop.jsonl:3: field 'difficulty': Input should be 'easy', 'medium' or 'hard'`.
 Blank lines and lines starting with `#` are skipped (room for a header comment).

@@ -1,4 +1,4 @@
-"""Decoupled PPO token objective (AsyncWebRL, PAPERS.md "Decoupled PPO"; AReaL's behave/proximal split).
+"""Decoupled PPO token objective (AsyncWebRL, arXiv 2606.05597, "Decoupled PPO"; AReaL's behave/proximal split).
 
 Three policies: pi_behave sampled the token (possibly stale), pi_prox is the policy at the start of
 the current update, pi_theta is being optimised. Per token:

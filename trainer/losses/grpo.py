@@ -1,6 +1,6 @@
 """Multi-step GRPO: how per-token objectives of a batch of trajectory groups become one loss.
 
-PAPERS.md, "Algorithm side": for a group of G trajectories,
+AsyncWebRL, arXiv 2606.05597, "Algorithm side": for a group of G trajectories,
 
     L = -(1/G) * sum_i  N_i * sum_t  (1/|o_{i,t}|) * sum_j  objective_{i,t,j}
 

@@ -1,6 +1,6 @@
 """RAFT++ baseline: learn only from successful trajectories (REINFORCE / behaviour cloning style).
 
-PAPERS.md: it shows the same length-coupled drift as GRPO with 1/|tau|, milder; async RAFT++ scored
+AsyncWebRL, arXiv 2606.05597: it shows the same length-coupled drift as GRPO with 1/|tau|, milder; async RAFT++ scored
 39.3% vs synchronous WebGym 42.9%. It reuses the decoupled PPO objective with A = 1 on the tokens of
 successful trajectories and drops every failed trajectory's tokens.
 """
