@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+import uuid
 from collections import defaultdict
 from dataclasses import dataclass, field
 
@@ -213,8 +214,6 @@ class RolloutPool:
 
     def _watch_versions(self) -> None:
         """Follow `PolicyVersionPublished` from the start of the log, keeping the newest."""
-        import uuid
-
         consumer = EventConsumer(self.settings, f"rollout-versions-{uuid.uuid4().hex[:8]}", [TRAINER],
                                  self.producer, client_id="rollout-versions")
         try:
