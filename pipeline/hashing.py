@@ -7,3 +7,20 @@ import hashlib
 
 def sha256_hex(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
+
+
+
+def weights_sha256(state_dict) -> str:
+    """Hash of a model's weights: names, dtypes, shapes and raw bytes, in name order.
+
+    Independent of file format and of how the tensors are laid out in memory, so the trainer, the
+    checkpoint in the object store and a replay can compare weights bit for bit.
+    """
+    import torch  # lazily: the rest of the pipeline does not need torch
+
+    h = hashlib.sha256()
+    for name in sorted(state_dict):
+        t = state_dict[name].detach().cpu().contiguous()
+        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()

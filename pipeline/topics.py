@@ -15,6 +15,7 @@ from schemas import (
     EpisodeStarted,
     Event,
     GroupCompleted,
+    GroupDropped,
     PolicyVersionPublished,
     StepRecorded,
     TaskGroupDispatched,
@@ -44,6 +45,7 @@ _ROUTES: dict[type[Event], Topic] = {
     GroupCompleted: ROLLOUT,
     UpdateApplied: TRAINER,
     PolicyVersionPublished: TRAINER,
+    GroupDropped: TRAINER,
 }
 
 

@@ -10,6 +10,7 @@ from schemas.events import (
     EpisodeStarted,
     Event,
     GroupCompleted,
+    GroupDropped,
     PolicyVersionPublished,
     StepRecorded,
     StepTimings,
@@ -21,6 +22,6 @@ from schemas.events import (
 
 __all__ = [
     "Action", "BY_NAME", "EVENT_TYPES", "SCHEMA_VERSION", "EpisodeFinished", "EpisodeStarted", "Event",
-    "GroupCompleted", "PolicyVersionPublished", "StepRecorded", "StepTimings", "TaskGroupDispatched",
+    "GroupCompleted", "GroupDropped", "PolicyVersionPublished", "StepRecorded", "StepTimings", "TaskGroupDispatched",
     "UpdateApplied", "arrow_schema", "decode_event", "encode_event", "events_to_table", "table_to_events",
 ]

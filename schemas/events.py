@@ -20,7 +20,8 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainSeriali
 
 from schemas.actions import Action
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+"""2: GroupDropped; UpdateApplied timings and staleness; PolicyVersionPublished lineage."""
 Sha256 = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
 Outcome = Literal["success", "failure", "env_error"]
 
@@ -214,6 +215,13 @@ class UpdateApplied(Event):
     weights_sha256: Sha256
     """Hash of the weights after the update (replay checks bit-exactness against it)."""
     duration_s: float = Field(ge=0)
+    """Wall time of the whole update: waiting for data + computing (publishing is on the version)."""
+    wait_s: float = Field(default=0.0, ge=0)
+    """Time the trainer waited for admissible groups (idle time)."""
+    compute_s: float = Field(default=0.0, ge=0)
+    """Time in forward/backward/optimizer, all ranks in lock step."""
+    world_size: int = Field(default=1, ge=1)
+    """Trainer processes that computed this update (data parallel)."""
 
 
 class PolicyVersionPublished(Event):
@@ -225,6 +233,27 @@ class PolicyVersionPublished(Event):
     checkpoint_sha256: Sha256
     update_step: int | None = None
     """The update that produced it; None for the initial policy."""
+    parent_version: int | None = None
+    """The version these weights were trained from (lineage); None for the initial policy."""
+    update_ids: list[str] = Field(default_factory=list)
+    """`event_id`s of the `UpdateApplied` events that produced it from the parent (lineage)."""
+    publish_s: float = Field(default=0.0, ge=0)
+    """Time to write the checkpoint to the object store."""
+
+
+class GroupDropped(Event):
+    """The trainer consumed a group without training on it; dropped groups are counted, never silent."""
+
+    event_type: Literal["GroupDropped"] = "GroupDropped"
+    group_id: str
+    task_id: str
+    reason: Literal["stale", "uninformative", "no_tokens"]
+    """`stale`: a token older than the staleness bound; `uninformative`: all rewards equal (dynamic
+    sampling); `no_tokens`: no step carries model tokens (scripted policies)."""
+    trainer_version: int = Field(ge=0)
+    """The trainer's version when it dropped the group."""
+    min_policy_version: int = Field(ge=0)
+    """Oldest behaviour version in the group."""
 
 
 EVENT_TYPES: tuple[type[Event], ...] = (
@@ -235,6 +264,7 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     GroupCompleted,
     UpdateApplied,
     PolicyVersionPublished,
+    GroupDropped,
 )
 AnyEvent = Annotated[
     TaskGroupDispatched
@@ -243,7 +273,8 @@ AnyEvent = Annotated[
     | EpisodeFinished
     | GroupCompleted
     | UpdateApplied
-    | PolicyVersionPublished,
+    | PolicyVersionPublished
+    | GroupDropped,
     Field(discriminator="event_type"),
 ]
 EVENT_ADAPTER: TypeAdapter[Event] = TypeAdapter(AnyEvent)

@@ -6,6 +6,7 @@ from pipeline.samples import sample_group, sample_step
 from schemas import (
     EVENT_TYPES,
     Action,
+    GroupDropped,
     PolicyVersionPublished,
     TaskGroupDispatched,
     UpdateApplied,
@@ -28,7 +29,9 @@ def one_of_each():
                       trajectory_ids=["g0-t0"], loss=0.5, grad_norm=1.25, stats={"clip_frac": 0.1},
                       config_json="{}", weights_sha256=SHA, duration_s=2.0),
         PolicyVersionPublished(run_id="run", version=1, checkpoint_uri="s3://awrl/ckpt/1",
-                               checkpoint_sha256=SHA, update_step=0),
+                               checkpoint_sha256=SHA, update_step=0, parent_version=0, update_ids=["u0"]),
+        GroupDropped(run_id="run", group_id="g1", task_id="t", reason="stale", trainer_version=3,
+                     min_policy_version=0),
     ]
     return events
 
