@@ -8,6 +8,7 @@ dead-letter topic with the reason in headers, and the consumer moves on.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -206,3 +207,26 @@ def _rejection(topic: Topic, value: bytes | None) -> Event | str:
     if not accepts(topic, event):
         return f"{type(event).__name__} does not belong on topic '{topic.name}'"
     return event
+
+
+def read_log(settings: StackSettings, topic: Topic, timeout_s: float = 30.0) -> list[Event]:
+    """Every valid event on `topic` from the start up to its current end, without joining a group
+    (used to fold state on start-up, e.g. the trainer's last published version)."""
+    kafka = KafkaConsumer(bootstrap_servers=settings.kafka_bootstrap, client_id="awrl-reader",
+                          enable_auto_commit=False, max_partition_fetch_bytes=16 * 1024 * 1024)
+    try:
+        name = topic_name(settings, topic)
+        partitions = [TopicPartition(name, p) for p in sorted(kafka.partitions_for_topic(name) or ())]
+        kafka.assign(partitions)
+        kafka.seek_to_beginning(*partitions)
+        end = kafka.end_offsets(partitions)
+        events: list[Event] = []
+        deadline = time.monotonic() + timeout_s
+        while any(kafka.position(tp) < end[tp] for tp in partitions):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"reading {name} did not reach its end in {timeout_s} s")
+            for records in kafka.poll(timeout_ms=500).values():
+                events += [e for r in records if isinstance(e := _rejection(topic, r.value), Event)]
+        return events
+    finally:
+        kafka.close()

@@ -1,19 +1,25 @@
 """The task dispatcher: one process that publishes task groups for the rollout pools to run.
 
 It picks tasks from a suite's training split in a seeded order and publishes `TaskGroupDispatched`
-(task, seed, group size G). The trainer issue adds staleness admission: dispatch only while the
-groups in flight fit the staleness budget.
+(task, seed, group size G). With a staleness budget (`trainer.staleness.StalenessBudget`) it
+dispatches only while the groups in flight fit the bound; `follow_trainer` feeds the budget from
+the trainer's events, so the pool pauses when the trainer falls behind instead of producing groups
+that would be dropped as stale.
 """
 
 from __future__ import annotations
 
 import random
+import threading
 import uuid
 from collections.abc import Iterator
 
-from pipeline.bus import EventProducer
+from pipeline.bus import EventConsumer, EventProducer
+from pipeline.settings import StackSettings
+from pipeline.topics import TRAINER
 from rollout.types import Task
-from schemas import TaskGroupDispatched
+from schemas import GroupDropped, PolicyVersionPublished, TaskGroupDispatched
+from trainer.staleness import StalenessBudget
 
 
 def task_stream(tasks: list[Task], seed: int = 0) -> Iterator[Task]:
@@ -39,3 +45,22 @@ def dispatch(producer: EventProducer, run_id: str, tasks: Iterator[Task], groups
         ))
     producer.publish_all(events)
     return events
+
+
+def follow_trainer(settings: StackSettings, run_id: str, budget: StalenessBudget, stop: threading.Event,
+                   producer: EventProducer) -> None:
+    """Feed `budget` from the run's trainer events (from the start of the log) until `stop` is set."""
+    consumer = EventConsumer(settings, f"dispatcher-{run_id}-{uuid.uuid4().hex[:8]}", [TRAINER], producer,
+                             client_id="dispatcher")
+    try:
+        while not stop.is_set():
+            for d in consumer.poll(timeout_ms=300):
+                e = d.event
+                if e.run_id != run_id:
+                    continue
+                if isinstance(e, PolicyVersionPublished):
+                    budget.version(e.version)
+                elif isinstance(e, GroupDropped):
+                    budget.rejected(1)
+    finally:
+        consumer.close()

@@ -42,6 +42,8 @@ class PoolConfig:
     """Browsers in this process, each alive for the whole run."""
     consumer_group: str = "rollout"
     """Kafka consumer group shared by all pool processes of a deployment."""
+    run_id: str | None = None
+    """Load the policy versions this run's trainer publishes; None follows every run (one-run deployments)."""
     browser: BrowserConfig = BrowserConfig()
     episode: EpisodeConfig = EpisodeConfig()
 
@@ -56,6 +58,10 @@ class PoolStats:
     screenshots_uploaded: int = 0
     screenshot_dedup_hits: int = 0
     """Screenshots not uploaded because the same page was already stored."""
+    groups_dispatched: int = 0
+    """Groups this process dispatched (when it is also the dispatcher)."""
+    dispatch_paused_s: float = 0.0
+    """Time the dispatcher held groups back because the staleness budget was exhausted."""
     started: float = field(default_factory=time.monotonic)
 
     @property
@@ -220,6 +226,8 @@ class RolloutPool:
             while not self._stop.is_set():
                 for d in consumer.poll(timeout_ms=500):
                     e = d.event
+                    if self.config.run_id not in (None, e.run_id):
+                        continue
                     if isinstance(e, PolicyVersionPublished) and (self._latest is None or e.version > self._latest.version):
                         self._latest = e
         finally:

@@ -41,3 +41,12 @@ def test_concurrent_reservations_never_exceed_the_budget():
 def test_bad_arguments():
     with pytest.raises(ValueError):
         StalenessBudget(eta=-1, groups_per_update=1)
+
+
+def test_rejected_groups_return_their_budget():
+    # eta = 0, 2 groups per update: capacity (0 + 0 + 1) * 2 = 2. Both dispatched groups turn out
+    # uninformative and are dropped; without giving their budget back the run would stall at v0.
+    b = StalenessBudget(eta=0, groups_per_update=2)
+    assert b.try_dispatch(2) and not b.try_dispatch()
+    b.rejected(2)
+    assert b.capacity() == 2 and b.try_dispatch(2)

@@ -24,7 +24,10 @@ class StalenessBudget:
     Every group dispatched now will be trained at version >= current_version, so once
     (eta + v + 1) * groups_per_update groups exist, any further group could only be consumed after the
     trainer has moved more than eta versions past the version it would be sampled with. Fed by the
-    dispatcher (`dispatched`) and by the trainer's `PolicyVersionPublished` events (`version`).
+    dispatcher (`try_dispatch`) and by the trainer's events: `PolicyVersionPublished` (`version`) and
+    `GroupDropped` (`rejected`). As in AReaL, groups the trainer rejects do not count as dispatched:
+    otherwise a run of all-equal-reward groups would exhaust the budget before the trainer could
+    fill a batch, and the run would stall forever.
     Thread-safe: the dispatcher loop and the event consumer run on different threads.
     """
 
@@ -51,3 +54,13 @@ class StalenessBudget:
         """A new policy version was published (versions only move forward)."""
         with self._lock:
             self._version = max(self._version, v)
+
+    def rejected(self, n: int = 1) -> None:
+        """The trainer dropped `n` dispatched groups: they no longer hold budget."""
+        with self._lock:
+            self._dispatched -= n
+
+    @property
+    def current_version(self) -> int:
+        with self._lock:
+            return self._version

@@ -1,0 +1,156 @@
+"""The trainer without a broker: group assembly and commit positions, the update maths on real
+samples from the tiny VLM (log-probs equal the sampler's, proximal pass, sharded gradients), and
+torchrun with 2 gloo processes computing the 1-process gradient."""
+
+from __future__ import annotations
+
+import functools
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from pipeline.hashing import sha256_hex
+from pipeline.samples import render_page, sample_group, sample_step
+from rollout.policy.local import LocalPolicy, build_inputs, suppressed_token_ids
+from rollout.policy.prompt import render_prompt
+from rollout.types import Mark, Observation
+from schemas import GroupCompleted
+from trainer.batch import GroupAssembler, TrainGroup
+from trainer.config import TrainConfig
+from trainer.update import Scorer, accumulate_gradients, flatten, proximal_logprobs, shard, update_stats
+
+SHA = "ab" * 32
+
+
+# --- group assembly -------------------------------------------------------------------------------
+
+
+def test_assembler_groups_steps_and_holds_commits_until_released():
+    asm = GroupAssembler("run")
+    events = list(sample_group("run", "g0", [SHA], group_size=3, steps=4, seed=2))
+    other = list(sample_group("other-run", "g9", [SHA], group_size=2, steps=2, seed=3))
+    got = []
+    for offset, e in enumerate(other + events):
+        got += [g for g in [asm.add(e, ("rollout", 0), offset)] if g is not None]
+    assert len(got) == 1  # the other run's group is not ours
+    g = got[0]
+    done: GroupCompleted = events[-1]
+    assert [len(t) for t in g.trajectories] == done.num_steps
+    assert all([s.step for s in t] == list(range(len(t))) for t in g.trajectories)
+    # the group's first event sits right after the other run's events: commits stop there until released
+    assert asm.committable() == {("rollout", 0): len(other)}
+    asm.release("g0")
+    assert asm.committable() == {("rollout", 0): len(other) + len(events)}
+
+
+def test_a_rerun_group_keeps_only_the_trajectories_it_completed():
+    asm = GroupAssembler("run")
+    crashed = [e for e in sample_group("run", "g0", [SHA], group_size=2, steps=3, seed=5)
+               if e.event_type == "StepRecorded"]  # a pool died before completing the group
+    rerun = list(sample_group("run", "g0", [SHA], group_size=2, steps=3, seed=6))
+    rerun = [e.model_copy(update={"trajectory_id": "re-" + e.trajectory_id}) if hasattr(e, "trajectory_id") else e
+             for e in rerun[:-1]] + [rerun[-1].model_copy(update={
+                 "trajectory_ids": ["re-" + t for t in rerun[-1].trajectory_ids]})]
+    group = [asm.add(e, ("rollout", 1), i) for i, e in enumerate(crashed + rerun)][-1]
+    assert all(s.trajectory_id.startswith("re-") for t in group.trajectories for s in t)
+    assert [len(t) for t in group.trajectories] == group.completed.num_steps
+
+
+# --- the update maths on real samples ---------------------------------------------------------------
+
+
+@functools.cache
+def _policy() -> LocalPolicy:
+    return LocalPolicy(max_new_tokens=12, seed=1)
+
+
+def _obs(seed: int) -> Observation:
+    png = render_page(f"page {seed}", seed=seed, size=(320, 240))
+    marks = [Mark(1, "button", "Add to cart", 20, 20, 80, 20)]
+    return Observation(instruction=f"task {seed}", screenshots=[png], screenshot_sha256=[sha256_hex(png)],
+                       url="http://127.0.0.1/", feedback="", history=[], memory={}, marks=marks, som=True,
+                       step=0, horizon=10, viewport=(320, 240))
+
+
+@functools.cache
+def _batch() -> tuple[list[TrainGroup], dict[str, bytes]]:
+    """Two groups of two trajectories (rewards 1, 0) of 1-2 sampled steps each, and their screenshots."""
+    policy, images, groups = _policy(), {}, []
+    for gi in range(2):
+        trajectories = []
+        for ti in range(2):
+            steps = []
+            for si in range(1 + ti):
+                obs = _obs(10 * gi + 3 * ti + si)
+                images[obs.screenshot_sha256[0]] = obs.screenshots[0]
+                out = policy.generate(*render_prompt(obs))
+                steps.append(sample_step("run", f"g{gi}", f"g{gi}t{ti}", si, obs.screenshot_sha256[0]).model_copy(
+                    update={"prompt_token_ids": out.prompt_token_ids, "response_token_ids": out.response_token_ids,
+                            "behave_logprobs": out.logprobs, "token_policy_versions": out.token_policy_versions}))
+            trajectories.append(steps)
+        done = GroupCompleted(run_id="run", group_id=f"g{gi}", task_id="t", trajectory_ids=[f"g{gi}t0", f"g{gi}t1"],
+                              rewards=[1.0, 0.0], num_steps=[1, 2], outcomes=["success", "failure"],
+                              min_policy_version=0, max_policy_version=0)
+        groups.append(TrainGroup(done, trajectories, [1.0, -1.0], {}))
+    return groups, images
+
+
+def _scorer(model) -> Scorer:
+    p = _policy()
+    _, images = _batch()
+    return Scorer(model, p.tokenizer, p.image_processor, suppressed_token_ids(p.tokenizer), images.__getitem__)
+
+
+def _fresh_model():
+    import copy
+
+    return copy.deepcopy(_policy().model).train()
+
+
+def test_trainer_log_probs_equal_the_samplers_and_the_proximal_pass():
+    batch, _ = _batch()
+    samples, trajectories = flatten(batch)
+    assert trajectories == 4 and len(samples) == 6
+    scorer = _scorer(_fresh_model())
+    config = TrainConfig(run_id="run")
+    _, tokens = accumulate_gradients(scorer, samples, trajectories, 0, config)
+    # rebuilt from recorded ids and screenshot hashes: the sampler's log-probs to float rounding
+    assert (tokens["logprobs"] - tokens["behave"]).abs().max() < 1e-4
+    stats = update_stats(tokens, config)
+    assert stats["behave_weight_mean"] == pytest.approx(1.0, abs=1e-4) and stats["dropped_tokens"] == 0
+    # the proximal log-probs of a separate no-grad pass equal this forward's detached values, bit for bit
+    assert torch.equal(torch.cat(proximal_logprobs(scorer, samples, 1.0)), tokens["logprobs"])
+
+
+def test_sharded_gradients_sum_to_the_whole_batch_gradient():
+    batch, _ = _batch()
+    samples, trajectories = flatten(batch)
+    config = TrainConfig(run_id="run")
+    whole = _fresh_model()
+    accumulate_gradients(_scorer(whole), samples, trajectories, 0, config)
+    parts = _fresh_model()
+    for rank in range(2):  # what two ranks add up with the all-reduce
+        accumulate_gradients(_scorer(parts), shard(samples, rank, 2), trajectories, 0, config)
+    for a, b in zip(whole.parameters(), parts.parameters()):
+        if a.grad is not None:
+            assert torch.allclose(a.grad, b.grad, atol=1e-6, rtol=1e-4)
+    assert sum(p.grad.abs().sum() for p in whole.parameters() if p.grad is not None) > 0
+
+
+def test_torchrun_two_processes_compute_the_one_process_gradient(tmp_path):
+    batch, images = _batch()
+    (tmp_path / "batch.pkl").write_bytes(pickle.dumps((batch, images, _policy().model.state_dict())))
+    grads = {}
+    for n in (1, 2):
+        out = tmp_path / f"grad{n}.pt"
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}",
+               str(Path(__file__).with_name("torchrun_gradient.py")), str(tmp_path / "batch.pkl"), str(out)]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        grads[n] = torch.load(out)
+    assert grads[1].abs().sum() > 0
+    assert torch.allclose(grads[1], grads[2], atol=1e-6, rtol=1e-4)

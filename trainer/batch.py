@@ -1,0 +1,192 @@
+"""The online batch builder: rollout events in, version-filtered batches of task groups out.
+
+`GroupAssembler` is a pure fold over the rollout topic (tested without a broker): it buffers each
+group's steps until its `GroupCompleted` arrives. Rollout events are keyed by group id, so by then every
+step of the group has been seen (`pipeline.topics`). A crashed pool re-runs a group under the same group
+id with new trajectories, so only the steps of the trajectories named by `GroupCompleted` are kept.
+
+`BatchBuilder` runs the fold on a Kafka consumer and applies the filters, each emitting `GroupDropped`
+(counted, never silent): groups with no model tokens, groups whose rewards are all equal (dynamic
+sampling), and groups older than the staleness bound (`trainer.staleness.admissible`, checked again
+when the batch is formed, because a group may age while it waits). Offsets are committed only up to
+the first group not yet trained or dropped, so a crashed trainer re-reads exactly what it had not
+finished; groups it had already trained are skipped by id (`skip`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from pipeline.advantages import group_advantages, informative
+from pipeline.bus import Delivered, EventConsumer, EventProducer
+from pipeline.settings import StackSettings
+from pipeline.topics import ROLLOUT
+from schemas import GroupCompleted, GroupDropped, StepRecorded
+from trainer.config import TrainConfig
+from trainer.staleness import admissible
+
+Partition = tuple[str, int]
+
+
+@dataclass
+class TrainGroup:
+    """One completed task group, ready to train on."""
+
+    completed: GroupCompleted
+    trajectories: list[list[StepRecorded]]
+    """Steps of each trajectory, in `completed.trajectory_ids` order, each sorted by step."""
+    advantages: list[float]
+    """A_i per trajectory (`pipeline.advantages.group_advantages`, as the Dagster asset)."""
+    first_offsets: dict[Partition, int]
+    """Earliest log position of any of the group's events, per partition (holds back commits)."""
+
+    @property
+    def group_id(self) -> str:
+        return self.completed.group_id
+
+    def behaviour_versions(self) -> list[int]:
+        """The version of every response token (the step's version for token-less steps)."""
+        return [v for steps in self.trajectories for s in steps for v in (s.token_policy_versions or [s.policy_version])]
+
+    @property
+    def has_tokens(self) -> bool:
+        return any(s.response_token_ids for steps in self.trajectories for s in steps)
+
+
+@dataclass
+class _Pending:
+    steps: dict[str, list[StepRecorded]] = field(default_factory=lambda: defaultdict(list))
+    first_offsets: dict[Partition, int] = field(default_factory=dict)
+
+
+class GroupAssembler:
+    """Fold over one run's rollout events; `add` returns a `TrainGroup` when a group completes."""
+
+    def __init__(self, run_id: str):
+        self.run_id = run_id
+        self._pending: dict[str, _Pending] = {}
+        self._held: dict[str, dict[Partition, int]] = {}
+        """Groups handed out but not yet trained or dropped: their positions hold back commits."""
+        self._next: dict[Partition, int] = {}
+
+    def add(self, event, partition: Partition = ("", 0), offset: int = 0) -> TrainGroup | None:
+        self._next[partition] = max(self._next.get(partition, 0), offset + 1)
+        group_id = getattr(event, "group_id", None)
+        if event.run_id != self.run_id or group_id is None:
+            return None
+        pending = self._pending.setdefault(group_id, _Pending())
+        pending.first_offsets.setdefault(partition, offset)
+        if isinstance(event, StepRecorded):
+            pending.steps[event.trajectory_id].append(event)
+        if not isinstance(event, GroupCompleted):
+            return None
+        del self._pending[group_id]
+        self._held[group_id] = pending.first_offsets
+        trajectories = [sorted(pending.steps.get(t, []), key=lambda s: s.step) for t in event.trajectory_ids]
+        return TrainGroup(event, trajectories, group_advantages(event.rewards), pending.first_offsets)
+
+    def release(self, group_id: str) -> None:
+        """The group was trained (and published) or dropped: its events may be committed."""
+        self._held.pop(group_id, None)
+
+    def committable(self) -> dict[Partition, int]:
+        """Per partition, the offset before which every event is fully processed."""
+        out = dict(self._next)
+        for offsets in [p.first_offsets for p in self._pending.values()] + list(self._held.values()):
+            for tp, o in offsets.items():
+                out[tp] = min(out.get(tp, o), o)
+        return out
+
+
+@dataclass
+class BuilderStats:
+    groups_trained: int = 0
+    dropped: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    duplicates: int = 0
+    """Groups seen again after a rollout crash re-ran them (trained once only)."""
+    wait_s: float = 0.0
+
+
+class BatchBuilder:
+    """Kafka consumer of one run's rollout events; `next_batch` blocks until a full batch is admissible."""
+
+    def __init__(self, settings: StackSettings, config: TrainConfig, producer: EventProducer,
+                 skip: Iterable[str] = ()):
+        self.config, self.producer = config, producer
+        self.consumer = EventConsumer(settings, config.group_id, [ROLLOUT], producer, client_id="trainer")
+        self.assembler = GroupAssembler(config.run_id)
+        self.ready: list[TrainGroup] = []
+        self.seen: set[str] = set(skip)
+        self.stats = BuilderStats()
+
+    def next_batch(self, version: int) -> list[TrainGroup] | None:
+        """`groups_per_update` admissible groups, or None after `batch_timeout_s` without one."""
+        t0 = time.monotonic()
+        n = self.config.groups_per_update
+        while True:
+            self._drop_stale(version)
+            if len(self.ready) >= n:
+                batch, self.ready = self.ready[:n], self.ready[n:]
+                self.stats.wait_s += time.monotonic() - t0
+                return batch
+            timeout = self.config.batch_timeout_s
+            if timeout is not None and time.monotonic() - t0 > timeout:
+                return None
+            for d in self.consumer.poll(timeout_ms=500):
+                self._accept(d, version)
+
+    def _accept(self, d: Delivered, version: int) -> None:
+        group = self.assembler.add(d.event, (d.topic, d.partition), d.offset)
+        if group is None:
+            return
+        if group.group_id in self.seen:
+            self.stats.duplicates += 1
+            self.assembler.release(group.group_id)
+            return
+        self.seen.add(group.group_id)
+        if not group.has_tokens:
+            self._drop(group, "no_tokens", version)
+        elif not self._informative(group):
+            self._drop(group, "uninformative", version)
+        else:
+            self.ready.append(group)
+
+    def _informative(self, group: TrainGroup) -> bool:
+        rewards = group.completed.rewards
+        if self.config.loss == "raft":
+            return max(rewards) > 0
+        return informative(rewards) or not self.config.dynamic_sampling
+
+    def _drop_stale(self, version: int) -> None:
+        keep = []
+        for g in self.ready:
+            if admissible(g.behaviour_versions(), version, self.config.eta):
+                keep.append(g)
+            else:
+                self._drop(g, "stale", version)
+        self.ready = keep
+
+    def _drop(self, group: TrainGroup, reason: str, version: int) -> None:
+        self.producer.publish(GroupDropped(
+            run_id=self.config.run_id, group_id=group.group_id, task_id=group.completed.task_id, reason=reason,
+            trainer_version=version, min_policy_version=min(group.behaviour_versions(), default=0),
+        ))
+        self.stats.dropped[reason] += 1
+        self.assembler.release(group.group_id)
+
+    def trained(self, batch: list[TrainGroup]) -> None:
+        """The batch's update is published: its groups no longer hold back the commit."""
+        for g in batch:
+            self.assembler.release(g.group_id)
+        self.stats.groups_trained += len(batch)
+
+    def commit(self) -> None:
+        """Commit consumed positions (after the drops are acknowledged, so none is lost)."""
+        self.producer.flush(timeout=60)
+        self.consumer.commit(self.assembler.committable())
+
+    def close(self) -> None:
+        self.consumer.close()

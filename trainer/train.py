@@ -1,0 +1,191 @@
+"""The trainer: consume version-filtered task groups, update the policy, publish versions as events.
+
+Single node, CPU, 2 processes (gloo):
+    awrl train --run-id RUN --nproc 2
+    # which runs: torchrun --standalone --nproc_per_node 2 -m trainer.train --config CONFIG.json
+
+Multi-node, GPU (NCCL), on every node:
+    torchrun --nnodes 2 --node_rank $NODE --nproc_per_node 8 \
+        --rdzv_backend c10d --rdzv_endpoint $HEAD:29400 -m trainer.train --config CONFIG.json
+
+Rank 0 alone talks to Kafka: it builds each batch (`trainer.batch`), broadcasts it, and after the step
+writes the checkpoint to S3 and publishes `UpdateApplied` + `PolicyVersionPublished`, then commits the
+consumed offsets. Every rank scores its shard of the batch's steps; gradients are summed across ranks
+by one all-reduce of a flat buffer (what DDP does, without its requirement that every rank run the same
+number of forward passes), so N processes compute exactly the 1-process gradient.
+
+Crash safety: a restarted trainer resumes from the last published version (weights and optimizer
+state from its checkpoint) and the committed offsets; groups named by a published update or by
+`GroupDropped` are skipped, so no group is trained twice and none is lost.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from pipeline.bus import EventProducer, create_topics, read_log
+from pipeline.checkpoints import CheckpointStore
+from pipeline.hashing import weights_sha256
+from pipeline.settings import StackSettings
+from pipeline.store import ScreenshotStore
+from pipeline.topics import TRAINER
+from rollout.policy.local import suppressed_token_ids
+from rollout.policy.tiny_vlm import ensure_tiny_vlm, load_tiny_vlm, save_tiny_vlm
+from schemas import GroupDropped, PolicyVersionPublished, UpdateApplied
+from trainer.batch import BatchBuilder
+from trainer.config import TrainConfig
+from trainer.update import Scorer, accumulate_gradients, flatten, proximal_logprobs, shard, update_stats
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", required=True, help="TrainConfig as a JSON file")
+    config = TrainConfig.model_validate_json(Path(parser.parse_args(argv).config).read_text())
+    settings = StackSettings()
+
+    # -- processes --------------------------------------------------------------------------------
+    cuda = torch.cuda.is_available()
+    dist.init_process_group(backend="nccl" if cuda else "gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    device = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}" if cuda else "cpu")
+    torch.manual_seed(config.seed)
+    leader = rank == 0
+    if leader:
+        print(f"trainer: {world} process(es) on {device}; config {config.model_dump_json()}", flush=True)
+
+    # -- resume: the last published version of this run, or version 0 --------------------------------
+    checkpoints = CheckpointStore.from_settings(settings)
+    resume = [_resume_state(settings, config.run_id) if leader else None]
+    dist.broadcast_object_list(resume, src=0)
+    latest, skip = resume[0]
+    model_dir = checkpoints.download(latest.checkpoint_uri) if latest else ensure_tiny_vlm(config.model_dir)
+    model, tokenizer, image_processor = load_tiny_vlm(model_dir)
+    model.to(device).train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    if latest and (model_dir / "optimizer.pt").exists():
+        optimizer.load_state_dict(torch.load(model_dir / "optimizer.pt", map_location=device))
+    version = latest.version if latest else 0
+    update_step = latest.update_step + 1 if latest and latest.update_step is not None else 0
+
+    scorer = Scorer(model, tokenizer, image_processor, suppressed_token_ids(tokenizer),
+                    ScreenshotStore.from_settings(settings).get)
+    if leader:
+        create_topics(settings)
+        producer = EventProducer(settings, client_id="trainer")
+        builder = BatchBuilder(settings, config, producer, skip=skip)
+        if latest is None:  # announce version 0, so the lineage starts at a stored checkpoint
+            _publish(producer, checkpoints, model, tokenizer, optimizer, config, 0, None, [], None)
+
+    # -- the loop: one batch, one version ----------------------------------------------------------------
+    while config.max_updates is None or update_step < config.max_updates:
+        t_wait = time.perf_counter()
+        box = [builder.next_batch(version) if leader else None]
+        dist.broadcast_object_list(box, src=0)
+        batch = box[0]
+        if batch is None:
+            break
+        wait_s = time.perf_counter() - t_wait
+
+        minibatches = [batch[m::config.minibatches] for m in range(config.minibatches)]
+        flat = [flatten(mb) for mb in minibatches]
+        mine = [shard(samples, rank, world) for samples, _ in flat]
+        proximal = [proximal_logprobs(scorer, s, config.temperature) for s in mine] if config.minibatches > 1 else None
+        updates = []
+        for m, (mb, (_, num_trajectories)) in enumerate(zip(minibatches, flat)):
+            t0 = time.perf_counter()
+            optimizer.zero_grad(set_to_none=False)
+            shard_loss, tokens = accumulate_gradients(scorer, mine[m], num_trajectories, version, config,
+                                                      proximal[m] if proximal else None)
+            _all_reduce_gradients(model, world)
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm).item()
+            optimizer.step()
+            time.sleep(config.slow_s)
+            loss, stats = _gather_stats(shard_loss, tokens, config, leader)
+            compute_s = time.perf_counter() - t0
+            if leader:
+                stats.update(groups_dropped=float(sum(builder.stats.dropped.values())), world_size=float(world))
+                updates.append(UpdateApplied(
+                    run_id=config.run_id, update_step=update_step, version_before=version,
+                    version_after=version + 1 if m == len(minibatches) - 1 else version,
+                    group_ids=[g.group_id for g in mb],
+                    trajectory_ids=[t for g in mb for t in g.completed.trajectory_ids],
+                    loss=loss, grad_norm=grad_norm, stats=stats, config_json=config.model_dump_json(),
+                    weights_sha256=weights_sha256(model.state_dict()), duration_s=(wait_s if m == 0 else 0) + compute_s,
+                    wait_s=wait_s if m == 0 else 0.0, compute_s=compute_s, world_size=world,
+                ))
+            update_step += 1
+        version += 1
+        if leader:
+            _publish(producer, checkpoints, model, tokenizer, optimizer, config, version, version - 1, updates,
+                     update_step - 1)
+            builder.trained(batch)
+            builder.commit()
+            print(f"trainer: v{version} loss {updates[-1].loss:+.4f} groups {len(batch)} "
+                  f"dropped {dict(builder.stats.dropped)} wait {wait_s:.1f}s compute {compute_s:.1f}s", flush=True)
+
+    if leader:
+        builder.commit()
+        builder.close()
+        producer.close()
+    dist.destroy_process_group()
+
+
+def _resume_state(settings: StackSettings, run_id: str) -> tuple[PolicyVersionPublished | None, set[str]]:
+    """The run's newest published version and the groups already trained into it or dropped."""
+    create_topics(settings)
+    events = [e for e in read_log(settings, TRAINER) if e.run_id == run_id]
+    published = [e for e in events if isinstance(e, PolicyVersionPublished)]
+    committed_updates = {u for p in published for u in p.update_ids}
+    skip = {g for e in events if isinstance(e, UpdateApplied) and e.event_id in committed_updates for g in e.group_ids}
+    skip |= {e.group_id for e in events if isinstance(e, GroupDropped)}
+    return max(published, key=lambda e: e.version, default=None), skip
+
+
+def _all_reduce_gradients(model: torch.nn.Module, world: int) -> None:
+    """Sum gradients over ranks in one flat buffer (parameters a rank did not use count as zero)."""
+    if world == 1:
+        return
+    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in model.parameters()]
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+    offset = 0
+    for p, g in zip(model.parameters(), grads):
+        p.grad = flat[offset:offset + g.numel()].view_as(g).clone()
+        offset += g.numel()
+
+
+def _gather_stats(shard_loss: float, tokens: dict, config: TrainConfig, leader: bool) -> tuple[float, dict]:
+    """The batch loss (sum of shard losses) and statistics over every rank's tokens, on rank 0."""
+    gathered = [None] * dist.get_world_size() if leader else None
+    dist.gather_object((shard_loss, {k: v.cpu() for k, v in tokens.items()}), gathered, dst=0)
+    if not leader:
+        return 0.0, {}
+    merged = {k: torch.cat([t[k] for _, t in gathered]) for k in tokens}
+    return sum(loss for loss, _ in gathered), update_stats(merged, config)
+
+
+def _publish(producer: EventProducer, checkpoints: CheckpointStore, model, tokenizer, optimizer, config: TrainConfig,
+             version: int, parent: int | None, updates: list[UpdateApplied], update_step: int | None) -> None:
+    """Checkpoint to S3 (a standard HF directory plus optimizer state), then the events, acknowledged."""
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="awrl-ckpt-") as tmp:
+        directory = save_tiny_vlm(model, tokenizer, Path(tmp) / f"v{version}")
+        torch.save(optimizer.state_dict(), directory / "optimizer.pt")
+        uri = checkpoints.upload(directory, config.run_id, version)
+    published = PolicyVersionPublished(
+        run_id=config.run_id, version=version, checkpoint_uri=uri, checkpoint_sha256=weights_sha256(model.state_dict()),
+        update_step=update_step, parent_version=parent, update_ids=[u.event_id for u in updates],
+        publish_s=time.perf_counter() - t0,
+    )
+    producer.publish_all([*updates, published])
+
+
+if __name__ == "__main__":
+    main()

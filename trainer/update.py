@@ -1,0 +1,178 @@
+"""One update's maths: re-score the recorded responses, weight the tokens, backpropagate.
+
+A batch of groups is flattened into `StepSample`s (one model call each: a recorded prompt plus its
+response). Model inputs are rebuilt from the recorded prompt token ids and screenshot hashes, exactly
+as the sampler saw them (`rollout.policy.local.inputs_from_ids`), so at an unchanged version the
+trainer's log-probs equal the sampler's to float rounding. Each rank scores its shard and calls
+backward per sample (gradient accumulation: the loss is a sum over tokens), so memory holds one
+sample's graph at a time.
+
+pi_prox is the policy at the start of the update (the batch). With one optimizer step per batch those
+are the weights being differentiated, so the proximal log-probs are the detached values of the same
+forward pass, which is what a separate no-grad pass computes (bit for bit; tested) at half the cost.
+With several minibatches (optimizer steps) per batch, `proximal_logprobs` scores every sample first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import torch
+
+from rollout.policy.local import inputs_from_ids, mrope_positions, policy_log_softmax
+from trainer.batch import TrainGroup
+from trainer.config import TrainConfig
+from trainer.losses import decoupled_ppo_objective, grpo_loss, raft_advantages, token_weights
+
+
+@dataclass(frozen=True)
+class StepSample:
+    """One recorded step with everything its tokens need for the loss."""
+
+    prompt_token_ids: list[int]
+    response_token_ids: list[int]
+    screenshot_sha256: list[str]
+    behave_logprobs: list[float]
+    token_policy_versions: list[int]
+    advantage: float
+    trajectory_steps: int
+    """|tau_i|: steps of this step's trajectory (the per-trajectory normaliser)."""
+    success: bool
+
+
+def flatten(batch: list[TrainGroup]) -> tuple[list[StepSample], int]:
+    """Steps with tokens, in batch order, and B (trajectories in the batch, the loss's 1/B)."""
+    samples, trajectories = [], 0
+    for g in batch:
+        for steps, advantage, reward in zip(g.trajectories, g.advantages, g.completed.rewards):
+            trajectories += 1
+            samples += [StepSample(s.prompt_token_ids, s.response_token_ids, s.prompt_screenshot_sha256,
+                                   s.behave_logprobs, s.token_policy_versions, advantage, len(steps), reward > 0)
+                        for s in steps if s.response_token_ids]
+    return samples, trajectories
+
+
+def shard(samples: list[StepSample], rank: int, world_size: int) -> list[StepSample]:
+    """This rank's samples: longest first, dealt round-robin, so ranks get similar token counts."""
+    order = sorted(range(len(samples)), key=lambda i: -len(samples[i].prompt_token_ids + samples[i].response_token_ids))
+    return [samples[i] for i in order[rank::world_size]]
+
+
+def prefetch(samples: list[StepSample], fetch: Callable[[str], bytes], ahead: int = 4
+             ) -> Iterator[tuple[StepSample, list[bytes]]]:
+    """Samples with their screenshots, fetched by hash `ahead` samples in advance on a thread pool.
+    Nothing else keeps the bytes: once the caller moves on, a sample's pixels are freed."""
+    with ThreadPoolExecutor(max_workers=ahead) as pool:
+        futures = [pool.submit(lambda s=s: [fetch(h) for h in s.screenshot_sha256]) for s in samples[:ahead]]
+        for i, s in enumerate(samples):
+            if i + ahead < len(samples):
+                nxt = samples[i + ahead]
+                futures.append(pool.submit(lambda s=nxt: [fetch(h) for h in s.screenshot_sha256]))
+            images, futures[i] = futures[i].result(), None
+            yield s, images
+
+
+def score(model, inputs: dict, n: int, suppress: list[int], temperature: float):
+    """(log-probs [n], entropies [n]) of the last `n` tokens of `inputs` under the behaviour distribution."""
+    pos, _ = mrope_positions(model, inputs)
+    out = model(**inputs, position_ids=pos, use_cache=False, logits_to_keep=n + 1)
+    logp = policy_log_softmax(out.logits[0, :-1], suppress, temperature)  # [n, V]
+    tokens = inputs["input_ids"][0, -n:]  # [n]
+    logprobs = logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)  # [n]
+    p = logp.exp()
+    entropy = -(p * torch.where(p > 0, logp, torch.zeros_like(logp))).sum(-1)  # [n]
+    return logprobs, entropy
+
+
+@dataclass
+class _Token:
+    """Per-token detached values of a shard, kept for the update's statistics."""
+
+    logprobs: list[torch.Tensor]
+    proximal: list[torch.Tensor]
+    behave: list[torch.Tensor]
+    advantages: list[torch.Tensor]
+    mask: list[torch.Tensor]
+    weights: list[torch.Tensor]
+    success: list[torch.Tensor]
+    entropy: list[torch.Tensor]
+    lag: list[torch.Tensor]
+
+
+@dataclass(frozen=True)
+class Scorer:
+    """What turns a sample into model inputs and log-probs: the model and its input builders."""
+
+    model: torch.nn.Module
+    tokenizer: object
+    image_processor: object
+    suppress: list[int]
+    """Token ids masked out of the behaviour distribution (`local.suppressed_token_ids`)."""
+    fetch: Callable[[str], bytes]
+    """Screenshot bytes by sha256 (the object store)."""
+
+    def samples(self, samples: list[StepSample]) -> Iterator[tuple[StepSample, dict]]:
+        for s, images in prefetch(samples, self.fetch):
+            yield s, inputs_from_ids(self.tokenizer, s.prompt_token_ids + s.response_token_ids, images,
+                                     self.image_processor)
+
+
+@torch.no_grad()
+def proximal_logprobs(scorer: Scorer, samples: list[StepSample], temperature: float) -> list[torch.Tensor]:
+    """log pi_prox of every sample's response tokens: the weights at the start of the batch."""
+    return [score(scorer.model, inputs, len(s.response_token_ids), scorer.suppress, temperature)[0]
+            for s, inputs in scorer.samples(samples)]
+
+
+def accumulate_gradients(scorer: Scorer, samples: list[StepSample], num_trajectories: int, version: int,
+                         config: TrainConfig, proximal: list[torch.Tensor] | None = None
+                         ) -> tuple[float, dict[str, torch.Tensor]]:
+    """Backward over this rank's samples (gradients accumulate in `.grad`); the shard's loss and
+    its detached per-token tensors (concatenated) for `update_stats`. `proximal`: per-sample
+    log pi_prox when the weights have moved since the batch started (else this forward's own)."""
+    acc = _Token([], [], [], [], [], [], [], [], [])
+    total = 0.0
+    for i, (s, inputs) in enumerate(scorer.samples(samples)):
+        n = len(s.response_token_ids)
+        logprobs, entropy = score(scorer.model, inputs, n, scorer.suppress, config.temperature)  # [n], [n]
+        prox = logprobs.detach() if proximal is None else proximal[i]  # [n]
+        behave = torch.tensor(s.behave_logprobs, dtype=logprobs.dtype)  # [n]
+        success = torch.full((n,), s.success)  # [n]
+        mask = torch.ones(n, dtype=torch.bool)  # [n]
+        advantages = torch.full((n,), s.advantage, dtype=logprobs.dtype)  # [n]
+        if config.loss == "raft":
+            advantages, mask = raft_advantages(success, mask)
+        objective, _ = decoupled_ppo_objective(logprobs, prox, behave, advantages, mask, config.ppo)
+        loss, _ = grpo_loss(objective, torch.full((n,), n), torch.full((n,), s.trajectory_steps), success,
+                            num_trajectories, config.grpo)
+        w = token_weights(torch.full((n,), n), torch.full((n,), s.trajectory_steps), num_trajectories, config.grpo)
+        if config.entropy_coef:
+            loss = loss - config.entropy_coef * (w * entropy * mask).sum()
+        loss.backward()
+        total += loss.item()
+        for name, value in (("logprobs", logprobs), ("proximal", prox), ("behave", behave), ("advantages", advantages), ("mask", mask),
+                            ("weights", w), ("success", success), ("entropy", entropy),
+                            ("lag", torch.tensor([version - v for v in s.token_policy_versions]))):
+            getattr(acc, name).append(value.detach())
+    return total, {k: torch.cat(v) if v else torch.zeros(0) for k, v in vars(acc).items()}
+
+
+def update_stats(tokens: dict[str, torch.Tensor], config: TrainConfig) -> dict[str, float]:
+    """Batch statistics from all ranks' per-token values (the issue's list, plus staleness)."""
+    if tokens["logprobs"].numel() == 0:
+        return {"tokens": 0.0}
+    lp, mask = tokens["logprobs"], tokens["mask"]
+    _, ppo = decoupled_ppo_objective(lp, tokens["proximal"], tokens["behave"], tokens["advantages"], mask, config.ppo)
+    success = tokens["success"]
+    lag = tokens["lag"].float()
+    return {
+        **ppo,
+        "tokens": float(lp.numel()),
+        "entropy": tokens["entropy"].mean().item(),
+        "weight_mass_failure": tokens["weights"][~success].sum().item(),
+        "weight_mass_success": tokens["weights"][success].sum().item(),
+        "staleness_mean": lag.mean().item(),
+        "staleness_max": lag.max().item(),
+    }
