@@ -4,7 +4,7 @@
     con.execute("SELECT outcome, count(*) FROM trajectories GROUP BY ALL").fetchall()
 
 Raw views (`step_recorded`, `episode_started`, ...) have exactly the event fields as columns; the
-derived views (`steps`, `trajectories`, `groups`, `updates`, `policy_versions`) are defined in
+derived views (`steps`, `trajectories`, `groups`, `updates`, `policy_versions`, `dropped_groups`) are defined in
 `analysis/sql/<name>.sql`, which users can read and adapt.
 
 How the files are read:
@@ -38,6 +38,7 @@ from schemas import (
     EpisodeStarted,
     Event,
     GroupCompleted,
+    GroupDropped,
     PolicyVersionPublished,
     StepRecorded,
     TaskGroupDispatched,
@@ -54,8 +55,9 @@ RAW_VIEWS: dict[str, type[Event]] = {
     "group_completed": GroupCompleted,
     "update_applied": UpdateApplied,
     "policy_version_published": PolicyVersionPublished,
+    "group_dropped": GroupDropped,
 }
-VIEWS: tuple[str, ...] = ("steps", "trajectories", "groups", "updates", "policy_versions")
+VIEWS: tuple[str, ...] = ("steps", "trajectories", "groups", "updates", "policy_versions", "dropped_groups")
 """Derived views, in creation order; each is `analysis/sql/<name>.sql`."""
 
 Source = StackSettings | str | os.PathLike

@@ -123,9 +123,11 @@ def policy_versions(context: dg.AssetExecutionContext, ledger: Ledger) -> dg.Out
     """Each published checkpoint and how long after the previous one it came: the refresh cadence that,
     with rollout speed, sets how stale the trajectories the trainer consumes are."""
     events = ledger.events(context.partition_key, "PolicyVersionPublished", columns=[
-        "version", "update_step", "checkpoint_uri", "checkpoint_sha256", "emitted_at"])
+        "version", "update_step", "parent_version", "update_ids", "checkpoint_uri", "checkpoint_sha256",
+        "publish_s", "emitted_at"])
     table = sql("""
-        select version, update_step, checkpoint_uri, checkpoint_sha256, emitted_at as published_at,
+        select version, parent_version, update_step, update_ids, checkpoint_uri, checkpoint_sha256, publish_s,
+               emitted_at as published_at,
                epoch(emitted_at - lag(emitted_at) over (order by version)) as seconds_since_previous
         from e order by version""", e=events)
     latest = max(table.column("version").to_pylist(), default=None)
@@ -138,11 +140,11 @@ def updates(context: dg.AssetExecutionContext, ledger: Ledger) -> dg.Output[pa.T
     ledger keeps them, with the config, for replay)."""
     events = ledger.events(context.partition_key, "UpdateApplied", columns=[
         "update_step", "version_before", "version_after", "group_ids", "trajectory_ids", "loss",
-        "grad_norm", "stats", "duration_s", "weights_sha256", "emitted_at"])
+        "grad_norm", "stats", "duration_s", "wait_s", "compute_s", "world_size", "weights_sha256", "emitted_at"])
     table = sql("""
         select update_step, version_before, version_after, len(group_ids) as groups,
-               len(trajectory_ids) as trajectories, loss, grad_norm, stats, duration_s, weights_sha256,
-               emitted_at as applied_at
+               len(trajectory_ids) as trajectories, loss, grad_norm, stats, duration_s, wait_s, compute_s,
+               world_size, weights_sha256, emitted_at as applied_at
         from e order by update_step""", e=events)
     metadata: dict = {"dagster/row_count": table.num_rows}
     if table.num_rows:

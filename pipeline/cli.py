@@ -157,7 +157,9 @@ def ledger_sync(
 @app.command()
 def rollout(
     suite: str = typer.Option("sites", help="Task suite: sites (our multi-page sites) or miniwob."),
-    policy: str = typer.Option("oracle", help="Policy backend: oracle, random, local, vllm."),
+    policy: str = typer.Option("oracle", help="Policy backend: oracle, random, local, vllm, demo (oracle "
+                                              "actions as the local model's tokens)."),
+    noise: float = typer.Option(0.0, help="demo policy: probability of a random action per step."),
     workers: int = typer.Option(4, help="Browsers kept alive in this process."),
     group_size: int = typer.Option(4, "--group-size", "-g", help="Episodes per task group (GRPO's G)."),
     episodes: int = typer.Option(16, help="Stop after this many episodes (whole groups)."),
@@ -165,9 +167,12 @@ def rollout(
     dispatch: bool = typer.Option(True, help="Also dispatch task groups (off when a dispatcher runs elsewhere)."),
     som: bool = typer.Option(False, help="Set-of-Mark observations instead of pure pixels."),
     split: str = typer.Option("train", help="Task split to dispatch: train or heldout."),
-    run_id: str = typer.Option("", help="Run id (default: a new one)."),
+    difficulty: str = typer.Option(None, help="Dispatch only easy, medium or hard tasks."),
+    run_id: str = typer.Option("", envvar="AWRL_RUN_ID", help="Run id (default: a new one)."),
     model_dir: Path = typer.Option(None, help="HF model directory for --policy local."),
     vllm_url: str = typer.Option(None, help="OpenAI-compatible vLLM server for --policy vllm."),
+    eta: int = typer.Option(None, help="Staleness bound: dispatch only what a trainer with this eta can use."),
+    groups_per_update: int = typer.Option(4, help="The trainer's groups per update (with --eta)."),
     seed: int = typer.Option(0),
 ) -> None:
     """Drive real browsers through a task suite with a policy; every step goes to the event log."""
@@ -177,11 +182,42 @@ def rollout(
 
     req = RolloutRequest(suite=suite, policy=policy, workers=workers, group_size=group_size,
                          episodes=None if forever else episodes, dispatch=dispatch, split=split,
+                         difficulty=difficulty,
                          run_id=run_id, seed=seed, model_dir=model_dir, vllm_url=vllm_url,
-                         episode=EpisodeConfig(som=som))
+                         episode=EpisodeConfig(som=som), eta=eta, groups_per_update=groups_per_update,
+                         noise=noise)
     stats = run_rollout(StackSettings(), req)
     console.print(f"episodes {stats.episodes}  success {stats.successes / max(stats.episodes, 1):.3f}  "
                   f"env_errors {stats.env_errors}  steps {stats.steps}  steps/s {stats.steps_per_s:.2f}")
+
+
+
+@app.command()
+def train(
+    run_id: str = typer.Option(..., envvar="AWRL_RUN_ID", help="The run whose groups to train on."),
+    nproc: int = typer.Option(1, help="Trainer processes (torchrun --nproc_per_node)."),
+    model_dir: Path = typer.Option(None, help="Initial HF model directory (default: the tiny VLM)."),
+    loss: str = typer.Option("grpo", help="grpo (decoupled PPO, group advantages) or raft (RAFT++)."),
+    normalizer: str = typer.Option("constant", help="Multi-step GRPO normaliser: constant, per_trajectory, token."),
+    groups_per_update: int = typer.Option(4, help="Task groups per optimizer step."),
+    eta: int = typer.Option(2, help="Staleness bound in versions."),
+    lr: float = typer.Option(1e-4),
+    minibatches: int = typer.Option(1, help="Optimizer steps per batch."),
+    entropy_coef: float = typer.Option(0.0),
+    max_updates: int = typer.Option(None, help="Stop after this many optimizer steps."),
+    batch_timeout: float = typer.Option(None, help="Stop when no batch arrives for this many seconds."),
+    slow_s: float = typer.Option(0.0, help="Extra seconds per update (to study a slow trainer)."),
+) -> None:
+    """Train on a live run's events with torchrun; publish every version as an event + S3 checkpoint."""
+    from trainer.config import TrainConfig
+    from trainer.launch import launch
+    from trainer.losses import GRPOConfig
+
+    config = TrainConfig(run_id=run_id, model_dir=model_dir, loss=loss, grpo=GRPOConfig(normalizer=normalizer),
+                         groups_per_update=groups_per_update, eta=eta, lr=lr, minibatches=minibatches,
+                         entropy_coef=entropy_coef, max_updates=max_updates, batch_timeout_s=batch_timeout,
+                         slow_s=slow_s)
+    raise typer.Exit(launch(config, nproc))
 
 
 if __name__ == "__main__":

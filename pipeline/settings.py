@@ -43,3 +43,13 @@ class StackSettings(BaseSettings):
                 "(`awrl stack up` writes them to .env; docker-compose reads them from .env)"
             )
         return self.s3_access_key.get_secret_value(), self.s3_secret_key.get_secret_value()
+
+    def environ(self) -> dict[str, str]:
+        """These settings as `AWRL_*` variables, for child processes (trainer ranks, CLI calls)."""
+        out = {}
+        for name, value in self.model_dump().items():
+            if value is None:
+                continue
+            value = value.get_secret_value() if isinstance(value, SecretStr) else value
+            out[f"AWRL_{name.upper()}"] = str(value).lower() if isinstance(value, bool) else str(value)
+        return out

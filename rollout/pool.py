@@ -91,6 +91,8 @@ class RolloutPool:
         self._refresh_lock = asyncio.Lock()
         self._done_offsets: list[tuple[str, int, int]] = []
         self._stop = threading.Event()
+        self._stop_requested = threading.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     # -- public ----------------------------------------------------------------------------------
     async def run(self, max_groups: int | None = None, on_progress=None) -> PoolStats:
@@ -102,6 +104,9 @@ class RolloutPool:
         watcher = threading.Thread(target=self._watch_versions, daemon=True)
         feeder.start(), watcher.start()
         self._all_done = asyncio.Event()
+        self._loop = loop
+        if self._stop_requested.is_set():
+            self._all_done.set()
         self._max_groups, self._capacity, self._on_progress = max_groups, capacity, on_progress
         async with async_playwright() as pw:
             workers = [BrowserWorker(pw, f"w{i}", self.config.browser) for i in range(self.config.workers)]
@@ -121,6 +126,13 @@ class RolloutPool:
         self.producer.close()
         return self.stats
 
+    def request_stop(self) -> None:
+        """Stop `run` from another thread: running episodes are cancelled, their groups never
+        complete, so their dispatch offsets stay uncommitted and another pool re-runs them."""
+        self._stop_requested.set()
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._all_done.set)
+
     # -- workers ---------------------------------------------------------------------------------
     async def _work(self, worker: BrowserWorker, jobs: asyncio.Queue) -> None:
         while True:
@@ -131,6 +143,7 @@ class RolloutPool:
                 put_screenshot=lambda png: asyncio.to_thread(self.store.put, png),
                 refresh=self._refresh, config=self.config.episode,
             )
+            await self._catch_up(group.dispatch.dispatched_at_version)
             finished = await run_episode(ctx, group.task, group.dispatch.group_id)
             self._count(finished)
             group.results.append(finished)
@@ -170,6 +183,15 @@ class RolloutPool:
         self._capacity.release()
         if self._max_groups is not None and self.stats.groups >= self._max_groups:
             self._all_done.set()
+
+    async def _catch_up(self, version: int, timeout_s: float = 60.0) -> None:
+        """Load at least `version` before starting a group dispatched at it: otherwise a group sent
+        right after a publish could start on the previous weights and be dropped as stale."""
+        deadline = time.monotonic() + timeout_s
+        while self.policy.version < version and time.monotonic() < deadline:
+            await self._refresh()
+            if self.policy.version < version:
+                await asyncio.sleep(0.1)
 
     async def _refresh(self) -> None:
         latest = self._latest

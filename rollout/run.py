@@ -13,14 +13,16 @@ from pathlib import Path
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from pipeline.bus import EventProducer
+from pipeline.checkpoints import CheckpointStore
 from pipeline.settings import StackSettings
-from rollout.dispatcher import dispatch, task_stream
+from rollout.dispatcher import dispatch, follow_trainer, task_stream
 from rollout.episode import EpisodeConfig
 from rollout.pool import PoolConfig, PoolStats, RolloutPool
 from rollout.types import Policy, Suite
+from trainer.staleness import StalenessBudget
 
 SUITES = ("sites", "miniwob")
-POLICIES = ("oracle", "random", "local", "vllm")
+POLICIES = ("oracle", "random", "local", "vllm", "demo")
 
 
 def make_suite(name: str) -> Suite:
@@ -36,7 +38,18 @@ def make_suite(name: str) -> Suite:
 
 
 def make_policy(name: str, suites: dict[str, Suite], model_dir: Path | None = None,
-                vllm_url: str | None = None, vllm_model: str | None = None, seed: int = 0) -> Policy:
+                vllm_url: str | None = None, vllm_model: str | None = None, seed: int = 0,
+                noise: float = 0.0, checkpoints=None) -> Policy:
+    """`demo`: the oracle's actions (a random action with probability `noise`) as the local model's
+    tokens and log-probs (`rollout.policy.scored`). `checkpoints`: a `CheckpointStore` through which
+    model backends load s3:// versions."""
+    if name == "demo":
+        from rollout.policy.scored import NoisyPolicy, ScoredPolicy
+
+        script = make_policy("oracle", suites)
+        if noise > 0:
+            script = NoisyPolicy(script, make_policy("random", suites, seed=seed), noise, seed=seed)
+        return ScoredPolicy(script, make_policy("local", suites, model_dir, seed=seed, checkpoints=checkpoints))
     if name == "oracle":
         from rollout.policy.scripted import OraclePolicy
 
@@ -48,13 +61,15 @@ def make_policy(name: str, suites: dict[str, Suite], model_dir: Path | None = No
     if name == "local":
         from rollout.policy.local import LocalPolicy
 
-        return LocalPolicy(model_dir, seed=seed) if model_dir else LocalPolicy(seed=seed)
+        return LocalPolicy(model_dir, seed=seed, checkpoints=checkpoints)
     if name == "vllm":
         from rollout.policy.vllm_client import VLLMPolicy
 
         if not vllm_url:
             raise ValueError("--policy vllm needs --vllm-url")
-        return VLLMPolicy(vllm_url, vllm_model or "policy")
+        # The server loads the directory the pool fetched: they must share a filesystem.
+        fetch = (lambda uri: str(checkpoints.download(uri))) if checkpoints is not None else None
+        return VLLMPolicy(vllm_url, vllm_model or "policy", **({"fetch": fetch} if fetch else {}))
     raise ValueError(f"unknown policy {name!r}; choose from {POLICIES}")
 
 
@@ -69,46 +84,67 @@ class RolloutRequest:
     dispatch: bool = True
     """Also act as the dispatcher (one process); turn off when a separate dispatcher runs."""
     split: str = "train"
+    difficulty: str | None = None
+    """Dispatch only tasks of this difficulty (easy, medium, hard); None dispatches all."""
     run_id: str = ""
     seed: int = 0
     model_dir: Path | None = None
     vllm_url: str | None = None
     episode: EpisodeConfig = EpisodeConfig()
+    eta: int | None = None
+    """Staleness bound for dispatch admission (the trainer's eta); None dispatches without a budget."""
+    groups_per_update: int = 4
+    """The trainer's batch size in groups (the budget's unit)."""
+    noise: float = 0.0
+    """`demo` policy only: probability of a random action instead of the oracle's."""
 
 
-def run_rollout(settings: StackSettings, req: RolloutRequest, show_progress: bool = True) -> PoolStats:
+def run_rollout(settings: StackSettings, req: RolloutRequest, show_progress: bool = True,
+                stop: threading.Event | None = None) -> PoolStats:
+    """Run the pool (and the dispatcher) until `req.episodes` are done or `stop` is set."""
     run_id = req.run_id or f"rollout-{uuid.uuid4().hex[:8]}"
     suite = make_suite(req.suite)
     suite.start()
     try:
-        policy = make_policy(req.policy, {suite.name: suite}, req.model_dir, req.vllm_url, seed=req.seed)
+        policy = make_policy(req.policy, {suite.name: suite}, req.model_dir, req.vllm_url, seed=req.seed,
+                             noise=req.noise, checkpoints=CheckpointStore.from_settings(settings))
         pool = RolloutPool(settings, {suite.name: suite}, policy,
-                           PoolConfig(workers=req.workers, episode=req.episode))
+                           PoolConfig(workers=req.workers, episode=req.episode, run_id=run_id))
         groups = None if req.episodes is None else math.ceil(req.episodes / req.group_size)
-        stop = threading.Event()
+        stop = stop or threading.Event()
+        finished = threading.Event()
         if req.dispatch:
-            tasks = task_stream(suite.tasks(req.split), seed=req.seed)
-            threading.Thread(target=_dispatch_loop, args=(settings, pool, run_id, tasks, req, groups, stop),
-                             daemon=True).start()
+            tasks = [t for t in suite.tasks(req.split) if req.difficulty in (None, t.difficulty)]
+            threading.Thread(target=_dispatch_loop, daemon=True,
+                             args=(settings, pool, run_id, task_stream(tasks, seed=req.seed), req, groups, finished)).start()
+        threading.Thread(target=lambda: (stop.wait(), finished.is_set() or pool.request_stop()), daemon=True).start()
         with _progress(show_progress) as (progress, update):
             stats = asyncio.run(pool.run(max_groups=groups, on_progress=update))
-        stop.set()
+        finished.set(), stop.set()
         return stats
     finally:
         suite.stop()
 
 
 def _dispatch_loop(settings, pool: RolloutPool, run_id, tasks, req: RolloutRequest, groups, stop) -> None:
-    """Keep a small backlog of groups ahead of the pool (finite runs dispatch exactly `groups`)."""
+    """Keep a small backlog of groups ahead of the pool (finite runs dispatch exactly `groups`), within
+    the staleness budget when one is set."""
     producer = EventProducer(settings, client_id="dispatcher")
+    budget = None
+    if req.eta is not None:
+        budget = StalenessBudget(req.eta, req.groups_per_update)
+        threading.Thread(target=follow_trainer, args=(settings, run_id, budget, stop, producer), daemon=True).start()
     backlog = max(2, 2 * req.workers // req.group_size)
-    sent = 0
+    stats = pool.stats
     try:
-        while not stop.is_set() and (groups is None or sent < groups):
-            if sent - pool.stats.groups < backlog:
-                n = min(backlog - (sent - pool.stats.groups), (groups - sent) if groups else backlog)
-                dispatch(producer, run_id, tasks, n, req.group_size, version=pool.policy.version)
-                sent += n
+        while not stop.is_set() and (groups is None or stats.groups_dispatched < groups):
+            if stats.groups_dispatched - stats.groups < backlog:
+                if budget is None or budget.try_dispatch():
+                    version = budget.current_version if budget else pool.policy.version
+                    dispatch(producer, run_id, tasks, 1, req.group_size, version=version)
+                    stats.groups_dispatched += 1
+                    continue
+                stats.dispatch_paused_s += 0.2
             time.sleep(0.2)
     finally:
         producer.close()
@@ -131,7 +167,8 @@ class _progress:
             rate = s.successes / max(s.episodes, 1)
             self.p.update(task, description=(
                 f"episodes {s.episodes}  success {rate:.2f}  env_err {s.env_errors}  "
-                f"steps/s {s.steps_per_s:.2f}  policy v{pool.policy.version}"))
+                f"steps/s {s.steps_per_s:.2f}  policy v{pool.policy.version}  "
+                f"dispatch paused {s.dispatch_paused_s:.0f}s"))
 
         return self.p, update
 

@@ -187,17 +187,26 @@ def test_jinja_chat_template_matches_python_rendering(policy):
 
 class _FakeVLLM(BaseHTTPRequestHandler):
     requests: list[tuple[str, dict]] = []
+    fail: dict[str, int] = {}
+    """Route (path without query) -> HTTP status to answer instead of 200."""
 
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         _FakeVLLM.requests.append((self.path, body))
-        reply = {} if self.path != "/v1/chat/completions" else {
-            "choices": [{"message": {"content": '{"action": {"kind": "stop"}}'}, "token_ids": [11, 12, 2],
-                         "logprobs": {"content": [{"token": f"token_id:{t}", "logprob": -0.5} for t in (11, 12, 2)]}}],
-            "prompt_token_ids": [1, 5, 6], "usage": {"prompt_tokens": 3},
-        }  # fmt: skip
-        data = json.dumps(reply).encode()
-        self.send_response(200)
+        status = _FakeVLLM.fail.get(self.path.split("?")[0], 200)
+        if status != 200:
+            reply = {"detail": "failed"}
+        elif self.path == "/v1/chat/completions":
+            logprobs = {"content": [{"token": f"token_id:{t}", "logprob": -0.5} for t in (11, 12, 2)]}
+            reply = {
+                "choices": [{"message": {"content": '{"action": {"kind": "stop"}}'}, "token_ids": [11, 12, 2],
+                             "logprobs": logprobs}],
+                "prompt_token_ids": [1, 5, 6], "usage": {"prompt_tokens": 3},
+            }  # fmt: skip
+        else:  # vLLM answers /collective_rpc with the workers' results, the cache resets with an empty 200
+            reply = {"results": [None]} if self.path == "/collective_rpc" else None
+        data = json.dumps(reply).encode() if reply is not None else b""
+        self.send_response(status)
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)
@@ -206,25 +215,80 @@ class _FakeVLLM(BaseHTTPRequestHandler):
         pass
 
 
-def test_vllm_client_against_fake_server():
+@pytest.fixture()
+def fake_vllm():
+    """Base URL (with /v1, as users pass it) of a fake vLLM that records every POST."""
+    _FakeVLLM.requests.clear()
+    _FakeVLLM.fail.clear()
     server = ThreadingHTTPServer(("127.0.0.1", 0), _FakeVLLM)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        url = f"http://127.0.0.1:{server.server_port}/v1"
-        pol = VLLMPolicy(url, "tiny", version=2, suppress_token_ids=[9], reload_path="/reload")
-        assert isinstance(pol, Policy)
-        out = asyncio.run(pol.act(_obs()))
-        assert out.response_token_ids == [11, 12, 2] and out.prompt_token_ids == [1, 5, 6]
-        assert out.logprobs == [-0.5] * 3 and out.token_policy_versions == [2] * 3
-        path, body = _FakeVLLM.requests[0]
-        assert body["logprobs"] and body["return_token_ids"] and body["logit_bias"] == {"9": -100}
-        image = body["messages"][1]["content"][1]
-        assert image["type"] == "image_url" and image["image_url"]["url"].startswith("data:image/png;base64,")
-        asyncio.run(pol.refresh(5, "file:///ckpt/v5"))
-        assert pol.version == 5 and _FakeVLLM.requests[-1] == (
-            "/reload", {"model": "tiny", "version": 5, "checkpoint_uri": "file:///ckpt/v5"})  # fmt: skip
-    finally:
-        server.shutdown()
+    yield f"http://127.0.0.1:{server.server_port}/v1"
+    server.shutdown()
+    server.server_close()
+
+
+_RESETS = [("/reset_prefix_cache?reset_running_requests=true", {}), ("/reset_encoder_cache", {})]
+
+
+def test_vllm_client_against_fake_server(fake_vllm):
+    pol = VLLMPolicy(fake_vllm, "tiny", version=2, suppress_token_ids=[9], reload_path="/reload")
+    assert isinstance(pol, Policy)
+    out = asyncio.run(pol.act(_obs()))
+    assert out.response_token_ids == [11, 12, 2] and out.prompt_token_ids == [1, 5, 6]
+    assert out.logprobs == [-0.5] * 3 and out.token_policy_versions == [2] * 3
+    path, body = _FakeVLLM.requests[0]
+    assert body["logprobs"] and body["return_token_ids"] and body["logit_bias"] == {"9": -100}
+    image = body["messages"][1]["content"][1]
+    assert image["type"] == "image_url" and image["image_url"]["url"].startswith("data:image/png;base64,")
+    # The custom route gets the raw URI; vLLM's cache resets follow it.
+    asyncio.run(pol.refresh(5, "s3://bucket/ckpt/v5"))
+    assert pol.version == 5 and _FakeVLLM.requests[1:] == [
+        ("/reload", {"model": "tiny", "version": 5, "checkpoint_uri": "s3://bucket/ckpt/v5"}), *_RESETS]
+    assert pol.last_refresh_s > 0 and set(pol.last_refresh_timings) == {
+        "reload_s", "reset_prefix_cache_s", "reset_encoder_cache_s"}  # fmt: skip
+
+
+def test_vllm_refresh_uses_native_reload_then_resets_caches(fake_vllm):
+    pol = VLLMPolicy(fake_vllm, "tiny")
+    asyncio.run(pol.refresh(7, "file:///ckpt/run%201/v000007"))
+    reload = ("/collective_rpc", {"method": "reload_weights",
+                                  "kwargs": {"weights_path": "/ckpt/run 1/v000007", "is_checkpoint_format": True}})
+    assert _FakeVLLM.requests == [reload, *_RESETS]  # reload first: a reset before it would be refilled by old weights
+    assert pol.version == 7 and pol.last_refresh_s >= sum(pol.last_refresh_timings.values()) > 0
+    # A plain path passes through; s3:// goes through `fetch`, to a directory the server can read.
+    _FakeVLLM.requests.clear()
+    fetched = []
+    pol = VLLMPolicy(fake_vllm, "tiny", fetch=lambda uri: fetched.append(uri) or "/shared/ckpt/v000008",
+                     cache_reset_paths=())  # fmt: skip
+    asyncio.run(pol.refresh(8, "s3://bucket/checkpoints/run/v000008"))
+    assert fetched == ["s3://bucket/checkpoints/run/v000008"]
+    assert _FakeVLLM.requests == [("/collective_rpc", {"method": "reload_weights", "kwargs": {
+        "weights_path": "/shared/ckpt/v000008", "is_checkpoint_format": True}})]  # fmt: skip
+
+
+def test_vllm_refresh_errors_are_clear(fake_vllm):
+    pol = VLLMPolicy(fake_vllm, "tiny", version=3)
+    with pytest.raises(ValueError, match=r"s3://bucket/checkpoints/r/v000007.*fetch="):
+        asyncio.run(pol.refresh(7, "s3://bucket/checkpoints/r/v000007"))
+    assert _FakeVLLM.requests == [] and pol.version == 3 and pol.last_refresh_s is None
+    # A server without dev mode: 404 on the reload, nothing sent after it, the version stays.
+    _FakeVLLM.fail["/collective_rpc"] = 404
+    dev_mode = r"POST /collective_rpc: vLLM /collective_rpc answered 404.*VLLM_SERVER_DEV_MODE=1"
+    with pytest.raises(RuntimeError, match=dev_mode):
+        asyncio.run(pol.refresh(7, "/ckpt/v000007"))
+    assert [p for p, _ in _FakeVLLM.requests] == ["/collective_rpc"] and pol.version == 3
+    # A failing cache reset fails the refresh too (stale KV would otherwise be served silently).
+    _FakeVLLM.requests.clear()
+    _FakeVLLM.fail.clear()
+    _FakeVLLM.fail["/reset_encoder_cache"] = 500
+    with pytest.raises(RuntimeError, match=r"version 7 \(/ckpt/v000007\) failed at POST /reset_encoder_cache: .*500"):
+        asyncio.run(pol.refresh(7, "/ckpt/v000007"))
+    assert [p for p, _ in _FakeVLLM.requests] == ["/collective_rpc", _RESETS[0][0], "/reset_encoder_cache"]
+    assert pol.version == 3
+    # Nothing listening: the connection error is reported the same way.
+    dead = VLLMPolicy("http://127.0.0.1:9/v1", "tiny", reload_timeout_s=5)
+    with pytest.raises(RuntimeError, match="failed at POST /collective_rpc"):
+        asyncio.run(dead.refresh(1, "/ckpt/v000001"))
 
 
 @pytest.mark.skipif(not os.environ.get("AWRL_VLLM_URL"), reason="set AWRL_VLLM_URL to test a live vLLM server")

@@ -179,9 +179,7 @@ def test_new_policy_version_is_picked_up_between_steps(settings, sites):
 
 
 def stack_env(settings) -> dict:
-    access, secret = settings.s3_credentials()
-    return {**os.environ, "AWRL_KAFKA_BOOTSTRAP": settings.kafka_bootstrap, "AWRL_TOPIC_PREFIX": settings.topic_prefix,
-            "AWRL_S3_ENDPOINT": settings.s3_endpoint, "AWRL_S3_ACCESS_KEY": access, "AWRL_S3_SECRET_KEY": secret}
+    return {**os.environ, **settings.environ()}
 
 
 def test_rollout_cli_smoke(settings):

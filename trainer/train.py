@@ -14,8 +14,8 @@ consumed offsets. Every rank scores its shard of the batch's steps; gradients ar
 by one all-reduce of a flat buffer (what DDP does, without its requirement that every rank run the same
 number of forward passes), so N processes compute exactly the 1-process gradient.
 
-Crash safety: a restarted trainer resumes from the last published version (weights and optimizer
-state from its checkpoint) and the committed offsets; groups named by a published update or by
+Crash safety: a restarted trainer resumes from the last published version (weights from its
+checkpoint, optimizer state stored beside it) and the committed offsets; groups named by a published update or by
 `GroupDropped` are skipped, so no group is trained twice and none is lost.
 """
 
@@ -65,12 +65,18 @@ def main(argv: list[str] | None = None) -> None:
     resume = [_resume_state(settings, config.run_id) if leader else None]
     dist.broadcast_object_list(resume, src=0)
     latest, skip = resume[0]
+    if leader:  # one download into the shared cache; the other ranks then find it there
+        model_dir = checkpoints.download(latest.checkpoint_uri) if latest else ensure_tiny_vlm(config.model_dir)
+    dist.barrier()
     model_dir = checkpoints.download(latest.checkpoint_uri) if latest else ensure_tiny_vlm(config.model_dir)
     model, tokenizer, image_processor = load_tiny_vlm(model_dir)
     model.to(device).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
-    if latest and (model_dir / "optimizer.pt").exists():
-        optimizer.load_state_dict(torch.load(model_dir / "optimizer.pt", map_location=device))
+    if latest:
+        with tempfile.TemporaryDirectory() as tmp:
+            state = checkpoints.get_state(config.run_id, latest.version, "optimizer.pt", Path(tmp) / "optimizer.pt")
+            if state is not None:
+                optimizer.load_state_dict(torch.load(state, map_location=device))
     version = latest.version if latest else 0
     update_step = latest.update_step + 1 if latest and latest.update_step is not None else 0
 
@@ -177,7 +183,8 @@ def _publish(producer: EventProducer, checkpoints: CheckpointStore, model, token
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="awrl-ckpt-") as tmp:
         directory = save_tiny_vlm(model, tokenizer, Path(tmp) / f"v{version}")
-        torch.save(optimizer.state_dict(), directory / "optimizer.pt")
+        torch.save(optimizer.state_dict(), Path(tmp) / "optimizer.pt")
+        checkpoints.put_state(Path(tmp) / "optimizer.pt", config.run_id, version)
         uri = checkpoints.upload(directory, config.run_id, version)
     published = PolicyVersionPublished(
         run_id=config.run_id, version=version, checkpoint_uri=uri, checkpoint_sha256=weights_sha256(model.state_dict()),

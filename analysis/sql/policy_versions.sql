@@ -1,11 +1,15 @@
--- One row per published checkpoint, with the time since the previous one of the same run.
+-- One row per published checkpoint, with its lineage (parent version, the updates that made it) and
+-- the time since the previous one of the same run.
 CREATE OR REPLACE VIEW policy_versions AS
 SELECT
     run_id,
     version,
     update_step,
+    parent_version,
+    update_ids,
     checkpoint_uri,
     checkpoint_sha256,
+    publish_s,
     emitted_at AS published_at,
     emitted_at - lag(emitted_at) OVER (PARTITION BY run_id ORDER BY version) AS since_previous,
     event_id

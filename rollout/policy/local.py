@@ -19,6 +19,7 @@ import io
 import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import unquote, urlparse
 
 import torch
@@ -29,6 +30,9 @@ from transformers.cache_utils import DynamicCache
 from rollout.policy.prompt import PromptConfig, render_prompt
 from rollout.policy.tiny_vlm import SPECIAL_TOKENS, STOP_TOKENS, ensure_tiny_vlm, load_tiny_vlm, make_image_processor
 from rollout.types import Observation, PolicyOutput
+
+if TYPE_CHECKING:
+    from pipeline.checkpoints import CheckpointStore
 
 IMAGE_PAD = "<|image_pad|>"
 
@@ -135,9 +139,11 @@ class LocalPolicy:
         seed: int = 0,
         prompt_config: PromptConfig = PromptConfig(),
         num_threads: int | None = None,
+        checkpoints: CheckpointStore | None = None,
     ):
         """`num_threads`: set torch's (process-wide) intra-op threads; 1 is steadier when browsers
-        share the cores (2 OpenMP threads spin-wait badly under contention). None: leave as is."""
+        share the cores (2 OpenMP threads spin-wait badly under contention). None: leave as is.
+        `checkpoints`: where `s3://` checkpoints are fetched (and verified) from; None: local ones only."""
         if num_threads is not None:
             torch.set_num_threads(num_threads)
         path = Path(model_dir) if model_dir is not None else ensure_tiny_vlm()
@@ -149,6 +155,7 @@ class LocalPolicy:
         self._suppress = suppressed_token_ids(self.tokenizer)
         self._stop = stop_token_ids(self.tokenizer)
         self._generator = torch.Generator().manual_seed(seed)
+        self.checkpoints = checkpoints
         # asyncio.to_thread runs steps on executor threads; one model, one step at a time. A refresh
         # takes the lock too, so no response ever mixes two weight versions.
         self._lock = threading.Lock()
@@ -218,13 +225,22 @@ class LocalPolicy:
         return lp.tolist()
 
     def load_weights(self, version: int, checkpoint_uri: str) -> None:
-        """Copy weights from a local HF directory (path or file:// URI) into the live model."""
-        path = _local_path(checkpoint_uri)
+        """Copy weights from an HF directory into the live model: a local one (path or file:// URI),
+        or an s3:// one downloaded and verified through `checkpoints` (outside the lock: generation
+        goes on meanwhile)."""
+        path = self._checkpoint_path(checkpoint_uri)
         fresh = Qwen3VLForConditionalGeneration.from_pretrained(path, dtype=torch.float32)
         state = fresh.state_dict()
         with self._lock:
             self.model.load_state_dict(state, strict=True)
             self.version = version
+
+    def _checkpoint_path(self, uri: str) -> Path:
+        if urlparse(uri).scheme == "s3":
+            if self.checkpoints is None:
+                raise ValueError(f"LocalPolicy got no CheckpointStore (`checkpoints=`) to download {uri!r}")
+            return self.checkpoints.download(uri)
+        return _local_path(uri)
 
 
 def _local_path(uri: str) -> Path:

@@ -17,12 +17,46 @@ runs against a real server when AWRL_VLLM_URL is set):
   is what `local.token_logprobs` computes for the trainer.
 - `logit_bias` of -100 on the vision/special tokens, mirroring the local backend's suppression.
 
-Weight refresh: vLLM has no standard "load this checkpoint" route. With `reload_path` set,
-`refresh` POSTs `{"model", "version", "checkpoint_uri"}` to it (a deployment's own route, e.g. a
-custom router that calls `collective_rpc("reload_weights", ...)`, or vLLM's dev-mode
-`/collective_rpc`, whose JSON is passed through `reload_body`). Without it, `refresh` only records
-the version: whoever publishes the checkpoint is then responsible for pushing it into vLLM (e.g.
-vLLM's native weight-transfer API) before announcing the version.
+Weight refresh (`refresh(version, checkpoint_uri)`), by default over vLLM's own dev-mode routes,
+which exist only when the server runs with `VLLM_SERVER_DEV_MODE=1` (404 otherwise):
+1. `POST /collective_rpc` `{"method": "reload_weights", "kwargs": {"weights_path": <dir>,
+   "is_checkpoint_format": true}}`: every worker runs `Worker.reload_weights(**kwargs)` ->
+   `GPUModelRunner.reload_weights(weights_iterator=None, weights_path=None, is_checkpoint_format=True)`
+   (vllm/v1/worker/gpu_model_runner.py), which sets `model_config.model = weights_path` and streams
+   that directory's safetensors through the model's own `load_weights`, in place (no restart, same
+   GPU memory). Only weights change: config, tokenizer and chat template stay those the server was
+   started with, so the checkpoint must have the same architecture. Route:
+   vllm/entrypoints/serve/dev/rpc/api_router.py (body `{"method", "args", "kwargs", "timeout"}`).
+   Older vLLM (before the layerwise-reload rework, vLLM PR #32133, January 2026) had
+   `reload_weights()` without arguments (it re-reads the directory the server started from); there
+   this call fails with a 500, and `reload_path` must name a route of the deployment's own.
+2. `POST /reset_prefix_cache?reset_running_requests=true`: prefix-cached KV blocks were computed by
+   the old weights and would otherwise be reused by every new request sharing a prefix (the system
+   prompt, earlier steps). Without `reset_running_requests` vLLM answers 200 yet skips the reset
+   whenever any request holds KV blocks (`BlockPool.reset_prefix_cache` returns False), which in an
+   async rollout pool is nearly always; with it, running requests are preempted and recomputed.
+3. `POST /reset_encoder_cache`: the vision encoder's outputs are cached by image hash and are
+   otherwise served stale after a weight update (vLLM issue #44910; TRL #7198, verl #6523 hit the
+   same). Both resets: vllm/entrypoints/serve/dev/cache/api_router.py (with `/reset_mm_cache`,
+   which caches preprocessed inputs only and needs no reset).
+Other dev-mode routes, not used here: `/sleep?level=` + `/wake_up?tags=` + `/is_sleeping`
+(vllm/entrypoints/serve/dev/sleep/); the native weight-transfer API for pushing tensors from a
+trainer over NCCL or CUDA IPC, started with `--weight-transfer-config '{"backend": "nccl"}'`:
+`/init_weight_transfer_engine` `{"init_info"}`, `/start_weight_update`, `/update_weights`
+`{"update_info"}`, `/finish_weight_update` `{"weight_version"}`, plus `/pause?mode=abort|wait|keep`,
+`/resume`, `/is_paused`, `/update_weight_version`, `/weight_info`, `/weight_checker`
+(vllm/entrypoints/serve/dev/rlhf/api_router.py). Found by reading vLLM's sources and issues; NOT
+exercised here (no GPU on the development machine): `bench/gpu_check.sh` runs it against a real
+server.
+
+The server cannot read `s3://`: `fetch` maps a checkpoint URI to a directory the *server* can read
+(e.g. download to shared disk); the default accepts plain paths and `file://` URIs and raises
+ValueError for anything else. `reload_path` overrides step 1 with a deployment's own route, which
+gets `{"model", **reload_body(version, checkpoint_uri)}` (default body `{"version",
+"checkpoint_uri"}`, the URI unfetched); the cache resets (`cache_reset_paths`, () for none) follow
+either way. Caveats: in-flight requests continue under the new weights while their
+`token_policy_versions` say the version they were sent under; a failed refresh leaves
+`self.version` unchanged but the server's weights possibly half-updated (retry the refresh).
 """
 
 from __future__ import annotations
@@ -32,11 +66,17 @@ import base64
 import json
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Callable
 
 from rollout.policy.prompt import PromptConfig, build_messages
 from rollout.types import Observation, PolicyOutput
+
+
+CACHE_RESET_PATHS = ("/reset_prefix_cache?reset_running_requests=true", "/reset_encoder_cache")
+"""Sent after every reload, in order (vllm/entrypoints/serve/dev/cache/api_router.py)."""
+_DEV_MODE_HINT = " (vLLM serves /collective_rpc and the cache resets only with VLLM_SERVER_DEV_MODE=1)"
 
 
 class VLLMPolicy:
@@ -54,10 +94,16 @@ class VLLMPolicy:
         suppress_token_ids: list[int] | None = None,
         reload_path: str | None = None,
         reload_body: Callable[[int, str], dict] | None = None,
+        fetch: Callable[[str], str] | None = None,
+        cache_reset_paths: tuple[str, ...] = CACHE_RESET_PATHS,
         timeout_s: float = 120.0,
+        reload_timeout_s: float = 600.0,
         prompt_config: PromptConfig = PromptConfig(),
     ):
-        """`suppress_token_ids`: ids to bias to -100 (see `local.suppressed_token_ids`); None: none."""
+        """`suppress_token_ids`: ids to bias to -100 (see `local.suppressed_token_ids`); None: none.
+        `fetch`: checkpoint URI -> directory the vLLM server can read (default `local_path`: plain
+        paths and file:// only). `reload_timeout_s` bounds each refresh request (a large checkpoint
+        takes a while to stream in)."""
         self.base_url = base_url.rstrip("/").removesuffix("/v1")
         self.model = model
         self.api_key = api_key
@@ -68,8 +114,14 @@ class VLLMPolicy:
         self.suppress_token_ids = suppress_token_ids or []
         self.reload_path = reload_path
         self.reload_body = reload_body
+        self.fetch = fetch or local_path
+        self.cache_reset_paths = tuple(cache_reset_paths)
         self.timeout_s = timeout_s
+        self.reload_timeout_s = reload_timeout_s
         self.prompt_config = prompt_config
+        self.last_refresh_s: float | None = None
+        """Wall time of the last successful `refresh` (fetch + reload + cache resets)."""
+        self.last_refresh_timings: dict[str, float] = {}
         self._requests = 0
 
     async def act(self, obs: Observation) -> PolicyOutput:
@@ -82,10 +134,32 @@ class VLLMPolicy:
         return out
 
     async def refresh(self, version: int, checkpoint_uri: str) -> None:
+        """Load the checkpoint into the server, then drop the caches its old weights filled (see
+        the module docstring); `self.version` moves only when every request succeeded."""
+        t0 = time.perf_counter()
+        timings: dict[str, float] = {}
         if self.reload_path:
             body = (self.reload_body or _default_reload_body)(version, checkpoint_uri)
-            await asyncio.to_thread(self._post, self.reload_path, {"model": self.model, **body})
+            requests = [(self.reload_path, {"model": self.model, **body})]
+        else:
+            weights_dir = await asyncio.to_thread(self.fetch, checkpoint_uri)
+            timings["fetch_s"] = time.perf_counter() - t0
+            requests = [("/collective_rpc", reload_weights_body(weights_dir))]
+        requests += [(route, {}) for route in self.cache_reset_paths]
+        for route, body in requests:
+            t1 = time.perf_counter()
+            try:
+                await asyncio.to_thread(self._post, route, body, self.reload_timeout_s)
+            except (RuntimeError, OSError) as exc:
+                cause = exc.__cause__
+                hint = _DEV_MODE_HINT if isinstance(cause, urllib.error.HTTPError) and cause.code == 404 else ""
+                raise RuntimeError(
+                    f"refresh to version {version} ({checkpoint_uri}) failed at POST {route}: {exc}{hint}"
+                ) from exc
+            timings[_timing_key(route)] = time.perf_counter() - t1
         self.version = version
+        self.last_refresh_s = time.perf_counter() - t0
+        self.last_refresh_timings = timings
 
     def request_body(self, obs: Observation) -> dict:
         self._requests += 1
@@ -107,13 +181,13 @@ class VLLMPolicy:
             body["seed"] = self.seed + self._requests  # reproducible, yet a new draw per request
         return body
 
-    def _post(self, path: str, body: dict) -> dict:
+    def _post(self, path: str, body: dict, timeout_s: float | None = None) -> dict:
         headers = {"Content-Type": "application/json"}
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"
         req = urllib.request.Request(self.base_url + path, json.dumps(body).encode(), headers, method="POST")
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
+            with urllib.request.urlopen(req, timeout=timeout_s or self.timeout_s) as resp:
                 raw = resp.read()
         except urllib.error.HTTPError as exc:
             detail = exc.read()[:500].decode(errors="replace")
@@ -163,3 +237,26 @@ def _data_url(image: bytes) -> str:
 
 def _default_reload_body(version: int, checkpoint_uri: str) -> dict:
     return {"version": version, "checkpoint_uri": checkpoint_uri}
+
+
+def reload_weights_body(weights_path: str) -> dict:
+    """JSON for vLLM's `POST /collective_rpc`: reload every worker's weights from an HF directory."""
+    return {"method": "reload_weights", "kwargs": {"weights_path": weights_path, "is_checkpoint_format": True}}
+
+
+def local_path(uri: str) -> str:
+    """The default `fetch`: a plain path or file:// URI as a path; anything else is not readable by
+    a vLLM server, which opens `weights_path` with its own filesystem."""
+    parsed = urllib.parse.urlparse(uri)
+    if parsed.scheme == "":
+        return uri
+    if parsed.scheme == "file" and parsed.netloc in ("", "localhost"):
+        return urllib.parse.unquote(parsed.path)
+    raise ValueError(
+        f"vLLM cannot load {uri!r}: reload_weights reads a directory on the server's own filesystem."
+        " Pass VLLMPolicy(fetch=...) that copies the checkpoint to such a directory and returns its path"
+    )
+
+
+def _timing_key(path: str) -> str:
+    return path.split("?")[0].strip("/") + "_s"
