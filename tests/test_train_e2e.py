@@ -78,8 +78,8 @@ def test_torchrun_trains_a_live_run_and_the_pool_picks_up_versions(settings, tmp
     ledger = settings.model_copy(update={"ledger_uri": str(tmp_path / "ledger")})
     LedgerWriter(ledger).sync(idle_exit_s=3)
     con = connect(ledger.ledger_uri)
-    assert con.sql(f"select count(*) from updates where run_id = '{run_id}'").fetchone()[0] == 5
-    assert con.sql(f"select max(version) from policy_versions where run_id = '{run_id}'").fetchone()[0] == 5
+    assert con.sql(f"select count(*) from updates where run_id = '{run_id}'").fetchall()[0][0] == 5
+    assert con.sql(f"select max(version) from policy_versions where run_id = '{run_id}'").fetchall()[0][0] == 5
 
 
 def test_a_slow_trainer_drops_stale_groups_unless_the_dispatcher_pauses(settings):
