@@ -5,12 +5,13 @@ drops groups; with it the dispatcher pauses instead."""
 
 from __future__ import annotations
 
+import os
 import threading
 import uuid
 
 import pytest
 
-from pipeline.bus import EventConsumer, EventProducer, read_log
+from pipeline.bus import EventConsumer, EventProducer, create_topics, read_log
 from pipeline.checkpoints import CheckpointStore
 from pipeline.topics import ROLLOUT, TRAINER
 from rollout.episode import EpisodeConfig
@@ -22,16 +23,17 @@ from trainer.launch import launch
 pytestmark = pytest.mark.slow
 
 
-def _train_beside_a_live_rollout(settings, config: TrainConfig, eta: int | None, nproc: int = 1):
+def _train_beside_a_live_rollout(settings, config: TrainConfig, eta: int | None, nproc: int = 1,
+                                 noise: float = 0.5):
     """Run the demo-policy pool (noisy oracle: groups with mixed rewards) while the trainer trains."""
-    request = RolloutRequest(suite="sites", policy="demo", noise=0.5, workers=2, group_size=2, episodes=None,
+    request = RolloutRequest(suite="sites", policy="demo", noise=noise, workers=2, group_size=2, episodes=None,
                              difficulty="easy", run_id=config.run_id, seed=3, episode=EpisodeConfig(som=True),
                              eta=eta, groups_per_update=config.groups_per_update)
     stop, result = threading.Event(), {}
     pool = threading.Thread(target=lambda: result.update(stats=run_rollout(settings, request, False, stop)))
     pool.start()
     try:
-        code = launch(config, nproc=nproc, env={**__import__("os").environ, **settings.environ()})
+        code = launch(config, nproc=nproc, env={**os.environ, **settings.environ()})
     finally:
         stop.set()
         pool.join(timeout=120)
@@ -84,9 +86,12 @@ def test_torchrun_trains_a_live_run_and_the_pool_picks_up_versions(settings, tmp
 
 def test_a_slow_trainer_drops_stale_groups_unless_the_dispatcher_pauses(settings):
     def run(eta_dispatch: int | None):
-        config = TrainConfig(run_id=f"slow-{uuid.uuid4().hex[:6]}", groups_per_update=1, eta=0, max_updates=3,
-                             slow_s=8.0, batch_timeout_s=600, dynamic_sampling=False)
-        stats, events = _train_beside_a_live_rollout(settings, config, eta=eta_dispatch)
+        # topics of its own: the first run's undone task groups must not be served by the second's pool
+        own = settings.model_copy(update={"topic_prefix": f"{settings.topic_prefix}-{uuid.uuid4().hex[:4]}"})
+        create_topics(own)
+        config = TrainConfig(run_id=f"slow-{uuid.uuid4().hex[:6]}", groups_per_update=1, eta=0, max_updates=2,
+                             slow_s=6.0, batch_timeout_s=600, dynamic_sampling=False)
+        stats, events = _train_beside_a_live_rollout(own, config, eta=eta_dispatch, noise=0.3)
         stale = sum(isinstance(e, GroupDropped) and e.reason == "stale" for e in events)
         return stats, stale
 
