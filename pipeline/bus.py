@@ -173,6 +173,10 @@ class EventConsumer:
         """Whether the group has given this member partitions yet (joining takes a few seconds)."""
         return bool(self._kafka.assignment())
 
+    def assignment(self) -> set[tuple[str, int]]:
+        """The (topic, partition)s this member holds now."""
+        return {(tp.topic, tp.partition) for tp in self._kafka.assignment()}
+
     @property
     def owns_all_partitions(self) -> bool:
         """Whether this member holds every partition of its topics. After a member crashes, the group

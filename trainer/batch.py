@@ -177,6 +177,11 @@ class BatchBuilder:
         self.stats.dropped[reason] += 1
         self.assembler.release(group.group_id)
 
+    def describe(self) -> str:
+        s = self.stats
+        return (f"{len(self.ready)} groups ready, {s.groups_trained} trained, dropped {dict(s.dropped)}, "
+                f"{s.duplicates} seen before, {len(self.consumer.assignment())} partitions assigned")
+
     def trained(self, batch: list[TrainGroup]) -> None:
         """The batch's update is published: its groups no longer hold back the commit."""
         for g in batch:

@@ -42,8 +42,6 @@ class TrainConfig(BaseModel):
     """Sampling temperature of the rollout policy; log-probs are computed at the same temperature."""
     max_updates: int | None = None
     """Stop after this many optimizer steps (counting from version 0); None runs forever."""
-    publish_every: int = Field(default=1, ge=1)
-    """Publish a checkpoint version every N updates (each update still emits `UpdateApplied`)."""
     batch_timeout_s: float | None = None
     """Give up if no full batch arrives for this long (tests, finite runs); None waits forever."""
     slow_s: float = 0.0

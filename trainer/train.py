@@ -96,6 +96,9 @@ def main(argv: list[str] | None = None) -> None:
         dist.broadcast_object_list(box, src=0)
         batch = box[0]
         if batch is None:
+            if leader:
+                print(f"trainer: no batch for {config.batch_timeout_s}s at v{version}; stopping "
+                      f"({builder.describe()})", flush=True)
             break
         wait_s = time.perf_counter() - t_wait
 
