@@ -100,3 +100,35 @@ def test_raft_learns_only_from_successes():
     assert obj[:8].tolist() == [1.0] * 8 and obj[8:].tolist() == [0.0] * 16
     w = token_weights(step_tokens, traj_steps, 2, GRPOConfig(normalizer="per_trajectory"))
     assert w.shape == (24,)
+
+
+def test_per_trajectory_normaliser_down_weights_a_long_failure_by_its_length_ratio():
+    # PAPERS.md: a 5-step success and a 12-step failure, 10 tokens per step, B = 2.
+    # 1/|tau|: success tokens weigh (1/5)/(10*2) = 0.01, failure tokens (1/12)/(10*2) = 0.004167
+    #   -> each failure token is down-weighted 12/5 = 2.4x relative to a success token.
+    # 1/k:     both weigh (1/10)/(10*2) = 0.005 -> ratio 1.
+    step_tokens = torch.tensor([10] * 50 + [10] * 120)
+    traj_steps = torch.tensor([5] * 50 + [12] * 120)
+    per_traj = token_weights(step_tokens, traj_steps, 2, GRPOConfig(normalizer="per_trajectory"))
+    constant = token_weights(step_tokens, traj_steps, 2, GRPOConfig(normalizer="constant", k=10))
+    assert per_traj[0].item() == pytest.approx(0.01) and per_traj[-1].item() == pytest.approx(1 / 240)
+    assert (per_traj[0] / per_traj[-1]).item() == pytest.approx(2.4)
+    assert (constant[0] / constant[-1]).item() == pytest.approx(1.0)
+
+
+def test_decoupled_ppo_is_standard_ppo_when_behave_equals_proximal():
+    rng = torch.Generator().manual_seed(0)
+    old = -torch.rand(64, generator=rng) * 3  # log pi_old = log pi_behave = log pi_prox
+    theta = (old + torch.randn(64, generator=rng) * 0.3).requires_grad_()
+    adv = torch.randn(64, generator=rng)
+    mask = torch.ones(64, dtype=torch.bool)
+    cfg = PPOConfig(eps_low=0.2, eps_high=0.28, dual_clip=3.0, behave_cap=5.0)
+    obj, stats = decoupled_ppo_objective(theta, old, old, adv, mask, cfg)
+    # standard (dual-clip) PPO with the same asymmetric clip, written out
+    r = torch.exp(theta - old)
+    ppo = torch.minimum(r * adv, torch.clamp(r, 0.8, 1.28) * adv)
+    ppo = torch.where(adv < 0, torch.maximum(ppo, 3.0 * adv), ppo)
+    assert torch.allclose(obj, ppo) and stats["behave_weight_mean"] == 1.0 and stats["dropped_tokens"] == 0
+    g1 = torch.autograd.grad(obj.sum(), theta, retain_graph=True)[0]
+    g2 = torch.autograd.grad(ppo.sum(), theta)[0]
+    assert torch.allclose(g1, g2)

@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> None:
         producer = EventProducer(settings, client_id="trainer")
         builder = BatchBuilder(settings, config, producer, skip=skip)
         if latest is None:  # announce version 0, so the lineage starts at a stored checkpoint
-            _publish(producer, checkpoints, model, tokenizer, optimizer, config, 0, None, [], None)
+            _publish(producer, checkpoints, scorer, optimizer, config, 0, None, [], None)
 
     # -- the loop: one batch, one version ----------------------------------------------------------------
     while config.max_updates is None or update_step < config.max_updates:
@@ -132,8 +132,7 @@ def main(argv: list[str] | None = None) -> None:
             update_step += 1
         version += 1
         if leader:
-            _publish(producer, checkpoints, model, tokenizer, optimizer, config, version, version - 1, updates,
-                     update_step - 1)
+            _publish(producer, checkpoints, scorer, optimizer, config, version, version - 1, updates, update_step - 1)
             builder.trained(batch)
             builder.commit()
             print(f"trainer: v{version} loss {updates[-1].loss:+.4f} groups {len(batch)} "
@@ -180,12 +179,14 @@ def _gather_stats(shard_loss: float, tokens: dict, config: TrainConfig, leader: 
     return sum(loss for loss, _ in gathered), update_stats(merged, config)
 
 
-def _publish(producer: EventProducer, checkpoints: CheckpointStore, model, tokenizer, optimizer, config: TrainConfig,
+def _publish(producer: EventProducer, checkpoints: CheckpointStore, scorer: Scorer, optimizer, config: TrainConfig,
              version: int, parent: int | None, updates: list[UpdateApplied], update_step: int | None) -> None:
     """Checkpoint to S3 (a standard HF directory plus optimizer state), then the events, acknowledged."""
     t0 = time.perf_counter()
+    model = scorer.model
     with tempfile.TemporaryDirectory(prefix="awrl-ckpt-") as tmp:
-        directory = save_tiny_vlm(model, tokenizer, Path(tmp) / f"v{version}")
+        directory = save_tiny_vlm(model, scorer.tokenizer, Path(tmp) / f"v{version}",
+                                  image_processor=scorer.image_processor)
         torch.save(optimizer.state_dict(), Path(tmp) / "optimizer.pt")
         checkpoints.put_state(Path(tmp) / "optimizer.pt", config.run_id, version)
         uri = checkpoints.upload(directory, config.run_id, version)

@@ -114,9 +114,11 @@ class Scorer:
     """Screenshot bytes by sha256 (the object store)."""
 
     def samples(self, samples: list[StepSample]) -> Iterator[tuple[StepSample, dict]]:
+        device = next(self.model.parameters()).device
         for s, images in prefetch(samples, self.fetch):
-            yield s, inputs_from_ids(self.tokenizer, s.prompt_token_ids + s.response_token_ids, images,
+            inputs = inputs_from_ids(self.tokenizer, s.prompt_token_ids + s.response_token_ids, images,
                                      self.image_processor)
+            yield s, {k: v.to(device) for k, v in inputs.items()}
 
 
 @torch.no_grad()
@@ -138,16 +140,18 @@ def accumulate_gradients(scorer: Scorer, samples: list[StepSample], num_trajecto
         n = len(s.response_token_ids)
         logprobs, entropy = score(scorer.model, inputs, n, scorer.suppress, config.temperature)  # [n], [n]
         prox = logprobs.detach() if proximal is None else proximal[i]  # [n]
-        behave = torch.tensor(s.behave_logprobs, dtype=logprobs.dtype)  # [n]
-        success = torch.full((n,), s.success)  # [n]
-        mask = torch.ones(n, dtype=torch.bool)  # [n]
-        advantages = torch.full((n,), s.advantage, dtype=logprobs.dtype)  # [n]
+        dev = logprobs.device
+        behave = torch.tensor(s.behave_logprobs, dtype=logprobs.dtype, device=dev)  # [n]
+        success = torch.full((n,), s.success, device=dev)  # [n]
+        mask = torch.ones(n, dtype=torch.bool, device=dev)  # [n]
+        advantages = torch.full((n,), s.advantage, dtype=logprobs.dtype, device=dev)  # [n]
+        step_tokens = torch.full((n,), n, device=dev)  # [n] |o_{i,t}|
+        trajectory_steps = torch.full((n,), s.trajectory_steps, device=dev)  # [n] |tau_i|
         if config.loss == "raft":
             advantages, mask = raft_advantages(success, mask)
         objective, _ = decoupled_ppo_objective(logprobs, prox, behave, advantages, mask, config.ppo)
-        loss, _ = grpo_loss(objective, torch.full((n,), n), torch.full((n,), s.trajectory_steps), success,
-                            num_trajectories, config.grpo)
-        w = token_weights(torch.full((n,), n), torch.full((n,), s.trajectory_steps), num_trajectories, config.grpo)
+        loss, _ = grpo_loss(objective, step_tokens, trajectory_steps, success, num_trajectories, config.grpo)
+        w = token_weights(step_tokens, trajectory_steps, num_trajectories, config.grpo, logprobs.dtype)  # [n]
         if config.entropy_coef:
             loss = loss - config.entropy_coef * (w * entropy * mask).sum()
         loss.backward()
@@ -155,7 +159,7 @@ def accumulate_gradients(scorer: Scorer, samples: list[StepSample], num_trajecto
         for name, value in (("logprobs", logprobs), ("proximal", prox), ("behave", behave), ("advantages", advantages), ("mask", mask),
                             ("weights", w), ("success", success), ("entropy", entropy),
                             ("lag", torch.tensor([version - v for v in s.token_policy_versions]))):
-            getattr(acc, name).append(value.detach())
+            getattr(acc, name).append(value.detach().cpu())
     return total, {k: torch.cat(v) if v else torch.zeros(0) for k, v in vars(acc).items()}
 
 

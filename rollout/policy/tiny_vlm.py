@@ -119,8 +119,9 @@ def make_image_processor() -> Qwen2VLImageProcessorPil:
     )  # fmt: skip
 
 
-def save_tiny_vlm(model, tokenizer, model_dir: str | Path, overwrite: bool = True) -> Path:
-    """Write a standard HF model directory (atomically: built aside, then renamed into place)."""
+def save_tiny_vlm(model, tokenizer, model_dir: str | Path, overwrite: bool = True, image_processor=None) -> Path:
+    """Write a standard HF model directory (atomically: built aside, then renamed into place).
+    `image_processor`: the model's own (a loaded checkpoint's); None writes the tiny model's."""
     final = Path(model_dir)
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=final.name + ".", dir=final.parent))
@@ -128,7 +129,7 @@ def save_tiny_vlm(model, tokenizer, model_dir: str | Path, overwrite: bool = Tru
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         _declare_qwen2_tokenizer(tmp / "tokenizer_config.json")
-        make_image_processor().save_pretrained(tmp)
+        (image_processor or make_image_processor()).save_pretrained(tmp)
         _make_readable(tmp)
         if overwrite and final.exists():
             shutil.rmtree(final)
