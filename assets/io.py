@@ -15,14 +15,12 @@ import uuid
 import dagster as dg
 import duckdb
 import pyarrow as pa
-import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from pipeline.ledger import ledger_filesystem, list_parquet
+from pipeline.ledger import ledger_filesystem, read_events
 from pipeline.settings import StackSettings
 from pipeline.store import minio_client
-from schemas import BY_NAME, arrow_schema
 
 
 class Ledger(dg.ConfigurableResource):
@@ -39,15 +37,8 @@ class Ledger(dg.ConfigurableResource):
         return ledger_filesystem(self.settings())
 
     def events(self, run_id: str, event_type: str, columns: list[str] | None = None) -> pa.Table:
-        """All events of one type in one run; an empty table (same schema) when there are none yet.
-
-        Files are listed explicitly rather than read as a directory, so a `.parquet.tmp` being written
-        by the ledger at this moment is never read half-finished.
-        """
-        fs, root = self.filesystem()
-        files = list_parquet(fs, f"{root}/run_id={run_id}/event_type={event_type}")
-        dataset = ds.dataset(files, schema=arrow_schema(BY_NAME[event_type]), format="parquet", filesystem=fs)
-        return dataset.to_table(columns=columns)
+        """All events of one type in one run (`pipeline.ledger.read_events`)."""
+        return read_events(self.settings(), run_id, event_type, columns)
 
     def run_fingerprints(self) -> dict[str, str]:
         """`{run_id: "<files>-<bytes>-<latest mtime>"}` over each run's event files (one listing).

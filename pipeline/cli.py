@@ -220,5 +220,30 @@ def train(
     raise typer.Exit(launch(config, nproc))
 
 
+
+@app.command()
+def sft(
+    run_id: list[str] = typer.Option(..., "--run-id", help="Demonstration run(s) in the ledger (repeatable)."),
+    out: Path = typer.Option(Path(".awrl/models/sft"), help="Where the warm-started model directory goes."),
+    model_dir: Path = typer.Option(None, help="Initial model (default: the tiny VLM)."),
+    epochs: int = typer.Option(3),
+    lr: float = typer.Option(1e-3),
+    batch_steps: int = typer.Option(16, help="Demonstration steps per optimizer step."),
+) -> None:
+    """Behaviour cloning of the policy on the successful trajectories of demonstration runs."""
+    from rich.progress import Progress
+
+    from pipeline.settings import StackSettings
+    from trainer.sft import SFTConfig, train_sft
+
+    config = SFTConfig(run_ids=run_id, out_dir=out, model_dir=model_dir, epochs=epochs, lr=lr, batch_steps=batch_steps)
+    with Progress(console=console) as progress:
+        task = progress.add_task("sft", total=None)
+        result = train_sft(StackSettings(), config, on_step=lambda i, n, loss: progress.update(
+            task, completed=i, total=n, description=f"sft  loss {loss:.3f}"))
+    console.print(f"{result.demonstrations} demonstration steps, loss {result.losses[0]:.3f} -> "
+                  f"{result.losses[-1]:.3f}; model in {result.out_dir}")
+
+
 if __name__ == "__main__":
     app()

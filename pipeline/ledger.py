@@ -19,6 +19,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
+import pyarrow as pa
+import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
@@ -26,7 +28,7 @@ from pipeline.bus import EventConsumer, EventProducer
 from pipeline.settings import StackSettings
 from pipeline.store import minio_client
 from pipeline.topics import ROLLOUT, TASKS, TRAINER
-from schemas import BY_NAME, Event, events_to_table
+from schemas import BY_NAME, Event, arrow_schema, events_to_table
 
 
 @dataclass(frozen=True)
@@ -72,6 +74,18 @@ def list_parquet(fs: pafs.FileSystem, root: str) -> list[str]:
     except FileNotFoundError:
         return []
     return sorted(i.path for i in infos if i.type == pafs.FileType.File and i.path.endswith(".parquet"))
+
+
+def read_events(settings: StackSettings, run_id: str, event_type: str, columns: list[str] | None = None) -> pa.Table:
+    """All ledger events of one type in one run; an empty table (same schema) when there are none yet.
+
+    Files are listed explicitly rather than read as a directory, so a `.parquet.tmp` being written by
+    the writer at this moment is never read half-finished.
+    """
+    fs, root = ledger_filesystem(settings)
+    files = list_parquet(fs, f"{root}/run_id={run_id}/event_type={event_type}")
+    dataset = ds.dataset(files, schema=arrow_schema(BY_NAME[event_type]), format="parquet", filesystem=fs)
+    return dataset.to_table(columns=columns)
 
 
 class LedgerWriter:
