@@ -245,5 +245,26 @@ def sft(
                   f"{result.losses[-1]:.3f}; model in {result.out_dir}")
 
 
+
+@app.command("eval")
+def evaluate(
+    policy: str = typer.Option("local", help="Policy backend (see rollout)."),
+    model_dir: Path = typer.Option(None, help="HF model directory for --policy local."),
+    suite: str = typer.Option("sites"),
+    split: str = typer.Option("heldout"),
+    difficulty: str = typer.Option("easy"),
+    episodes: int = typer.Option(100),
+    workers: int = typer.Option(2),
+    som: bool = typer.Option(True, help="Set-of-Mark observations."),
+    temperature: float = typer.Option(1.0, help="Sampling temperature (independent episodes need > 0)."),
+) -> None:
+    """Held-out success rate with a 95% (Wilson) confidence interval."""
+    from pipeline.settings import StackSettings
+    from rollout.evaluate import evaluate as run_eval
+
+    result = run_eval(StackSettings(), policy, model_dir, suite, split, difficulty, episodes, workers, som, temperature)
+    console.print(f"{result.run_id}: {result}")
+
+
 if __name__ == "__main__":
     app()

@@ -39,7 +39,7 @@ def make_suite(name: str) -> Suite:
 
 def make_policy(name: str, suites: dict[str, Suite], model_dir: Path | None = None,
                 vllm_url: str | None = None, vllm_model: str | None = None, seed: int = 0,
-                noise: float = 0.0, checkpoints=None) -> Policy:
+                noise: float = 0.0, checkpoints=None, temperature: float = 1.0) -> Policy:
     """`demo`: the oracle's actions (a random action with probability `noise`) as the local model's
     tokens and log-probs (`rollout.policy.scored`). `checkpoints`: a `CheckpointStore` through which
     model backends load s3:// versions."""
@@ -61,7 +61,7 @@ def make_policy(name: str, suites: dict[str, Suite], model_dir: Path | None = No
     if name == "local":
         from rollout.policy.local import LocalPolicy
 
-        return LocalPolicy(model_dir, seed=seed, checkpoints=checkpoints)
+        return LocalPolicy(model_dir, seed=seed, checkpoints=checkpoints, temperature=temperature)
     if name == "vllm":
         from rollout.policy.vllm_client import VLLMPolicy
 
@@ -97,6 +97,8 @@ class RolloutRequest:
     """The trainer's batch size in groups (the budget's unit)."""
     noise: float = 0.0
     """`demo` policy only: probability of a random action instead of the oracle's."""
+    temperature: float = 1.0
+    """Sampling temperature of model policies (0: greedy)."""
 
 
 def run_rollout(settings: StackSettings, req: RolloutRequest, show_progress: bool = True,
@@ -107,7 +109,8 @@ def run_rollout(settings: StackSettings, req: RolloutRequest, show_progress: boo
     suite.start()
     try:
         policy = make_policy(req.policy, {suite.name: suite}, req.model_dir, req.vllm_url, seed=req.seed,
-                             noise=req.noise, checkpoints=CheckpointStore.from_settings(settings))
+                             noise=req.noise, checkpoints=CheckpointStore.from_settings(settings),
+                             temperature=req.temperature)
         pool = RolloutPool(settings, {suite.name: suite}, policy,
                            PoolConfig(workers=req.workers, episode=req.episode, run_id=run_id))
         groups = None if req.episodes is None else math.ceil(req.episodes / req.group_size)
