@@ -9,6 +9,7 @@ dead-letter topic with the reason in headers, and the consumer moves on.
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -234,3 +235,18 @@ def read_log(settings: StackSettings, topic: Topic, timeout_s: float = 30.0) -> 
         return events
     finally:
         kafka.close()
+
+
+def follow(settings: StackSettings, topic: Topic, run_id: str, on_event, stop, producer: EventProducer,
+           client_id: str = "follower") -> None:
+    """Call `on_event` for each of the run's events on `topic`, from the start of the log, until `stop`
+    (a `threading.Event`) is set. A private consumer group: it sees everything and commits nothing."""
+    consumer = EventConsumer(settings, f"{client_id}-{run_id}-{uuid.uuid4().hex[:8]}", [topic], producer,
+                             client_id=client_id)
+    try:
+        while not stop.is_set():
+            for d in consumer.poll(timeout_ms=300):
+                if d.event.run_id == run_id:
+                    on_event(d.event)
+    finally:
+        consumer.close()

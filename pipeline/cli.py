@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import typer
@@ -264,6 +265,53 @@ def evaluate(
 
     result = run_eval(StackSettings(), policy, model_dir, suite, split, difficulty, episodes, workers, som, temperature)
     console.print(f"{result.run_id}: {result}")
+
+
+
+@app.command("run")
+def training_run(
+    mode: str = typer.Option("async", help="async (AsyncWebRL) or sync (WebGym's schedule)."),
+    minutes: float = typer.Option(10.0, help="Wall budget for rollout + training."),
+    suite: str = typer.Option("sites"),
+    difficulty: str = typer.Option("easy"),
+    policy: str = typer.Option("local", help="local (the model samples) or demo (oracle actions as its tokens)."),
+    noise: float = typer.Option(0.0, help="demo policy: random-action probability."),
+    model_dir: Path = typer.Option(None, help="Initial weights (e.g. `awrl sft`'s output)."),
+    workers: int = typer.Option(2),
+    group_size: int = typer.Option(2, "--group-size", "-g"),
+    groups_per_update: int = typer.Option(2),
+    eta: int = typer.Option(2, help="Staleness bound (async)."),
+    nproc: int = typer.Option(1, help="Trainer processes."),
+    lr: float = typer.Option(1e-4),
+    data_dir: Path = DATA_DIR,
+) -> None:
+    """A training run: stack (started if needed), rollout pool, ledger writer and trainer, live progress."""
+    from rich.live import Live
+
+    from pipeline.stack.local import LocalStack
+    from pipeline.training import RunConfig, run_training
+    from trainer.config import TrainConfig
+
+    with console.status("starting the local stack ..."):
+        stack = LocalStack.up(data_dir)
+    os.environ.update(stack.settings().environ())
+    config = RunConfig(mode=mode, minutes=minutes, suite=suite, difficulty=difficulty, policy=policy, noise=noise,
+                       model_dir=model_dir, workers=workers, group_size=group_size, eta=eta, nproc=nproc,
+                       train=TrainConfig(run_id="-", groups_per_update=groups_per_update, lr=lr))
+    with Live(console=console, refresh_per_second=2) as live:
+        def show(p) -> None:
+            elapsed = time.monotonic() - p.started
+            live.update(f"[bold]{mode}[/] {elapsed / 60:4.1f}/{minutes:g} min  trajectories {p.episodes}  "
+                        f"success {p.successes / max(p.episodes, 1):.2f}  policy v{p.version}  "
+                        f"staleness {p.staleness:.2f}  dropped {p.dropped}  trainer idle {p.trainer_idle:.0%}")
+
+        summary = run_training(stack.settings(), config, on_progress=show)
+    table = Table(title=f"run {summary.run_id}")
+    table.add_column("what")
+    table.add_column("value", justify="right")
+    for k, v in [*vars(summary).items(), ("trajectories_per_hour", summary.trajectories_per_hour)]:
+        table.add_row(k.replace("_", " "), f"{v:.3f}" if isinstance(v, float) else str(v))
+    console.print(table)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ import threading
 import uuid
 from collections.abc import Iterator
 
-from pipeline.bus import EventConsumer, EventProducer
+from pipeline.bus import EventProducer, follow
 from pipeline.settings import StackSettings
 from pipeline.topics import TRAINER
 from rollout.types import Task
@@ -50,17 +50,11 @@ def dispatch(producer: EventProducer, run_id: str, tasks: Iterator[Task], groups
 def follow_trainer(settings: StackSettings, run_id: str, budget: StalenessBudget, stop: threading.Event,
                    producer: EventProducer) -> None:
     """Feed `budget` from the run's trainer events (from the start of the log) until `stop` is set."""
-    consumer = EventConsumer(settings, f"dispatcher-{run_id}-{uuid.uuid4().hex[:8]}", [TRAINER], producer,
-                             client_id="dispatcher")
-    try:
-        while not stop.is_set():
-            for d in consumer.poll(timeout_ms=300):
-                e = d.event
-                if e.run_id != run_id:
-                    continue
-                if isinstance(e, PolicyVersionPublished):
-                    budget.version(e.version)
-                elif isinstance(e, GroupDropped):
-                    budget.rejected(1)
-    finally:
-        consumer.close()
+
+    def on_event(e) -> None:
+        if isinstance(e, PolicyVersionPublished):
+            budget.version(e.version)
+        elif isinstance(e, GroupDropped):
+            budget.rejected(1)
+
+    follow(settings, TRAINER, run_id, on_event, stop, producer, client_id="dispatcher")

@@ -99,11 +99,14 @@ class RolloutRequest:
     """`demo` policy only: probability of a random action instead of the oracle's."""
     temperature: float = 1.0
     """Sampling temperature of model policies (0: greedy)."""
+    min_version: int = 0
+    """Dispatch groups at this policy version at least: the pool loads it before sampling them."""
 
 
 def run_rollout(settings: StackSettings, req: RolloutRequest, show_progress: bool = True,
-                stop: threading.Event | None = None) -> PoolStats:
-    """Run the pool (and the dispatcher) until `req.episodes` are done or `stop` is set."""
+                stop: threading.Event | None = None, on_progress=None) -> PoolStats:
+    """Run the pool (and the dispatcher) until `req.episodes` are done or `stop` is set.
+    `on_progress(pool)` after each episode replaces the progress bar."""
     run_id = req.run_id or f"rollout-{uuid.uuid4().hex[:8]}"
     suite = make_suite(req.suite)
     suite.start()
@@ -121,8 +124,8 @@ def run_rollout(settings: StackSettings, req: RolloutRequest, show_progress: boo
             threading.Thread(target=_dispatch_loop, daemon=True,
                              args=(settings, pool, run_id, task_stream(tasks, seed=req.seed), req, groups, finished)).start()
         threading.Thread(target=lambda: (stop.wait(), finished.is_set() or pool.request_stop()), daemon=True).start()
-        with _progress(show_progress) as (progress, update):
-            stats = asyncio.run(pool.run(max_groups=groups, on_progress=update))
+        with _progress(show_progress and on_progress is None) as (progress, update):
+            stats = asyncio.run(pool.run(max_groups=groups, on_progress=on_progress or update))
         finished.set(), stop.set()
         return stats
     finally:
@@ -143,7 +146,7 @@ def _dispatch_loop(settings, pool: RolloutPool, run_id, tasks, req: RolloutReque
         while not stop.is_set() and (groups is None or stats.groups_dispatched < groups):
             if stats.groups_dispatched - stats.groups < backlog:
                 if budget is None or budget.try_dispatch():
-                    version = budget.current_version if budget else pool.policy.version
+                    version = max(req.min_version, budget.current_version if budget else pool.policy.version)
                     dispatch(producer, run_id, tasks, 1, req.group_size, version=version)
                     stats.groups_dispatched += 1
                     continue

@@ -1,0 +1,221 @@
+"""`awrl run`: one training run, the rollout pool, the ledger writer and the trainer together, under
+one of two schedules that differ in nothing else (same model, tasks, batch size, hyper-parameters):
+
+- **async** (AsyncWebRL): an everlasting pool samples continuously; the dispatcher admits groups
+  within the staleness budget (eta); the trainer updates whenever a batch is ready and the pool loads
+  each version between steps. Rollout, training and refresh overlap.
+- **sync** (WebGym): per iteration, build a fresh browser pool, collect `groups_per_update` groups,
+  wait for the slowest episode, tear the pool down, let the trainer update (eta = 0: strictly
+  on-policy), wait for the new version, repeat. Groups the trainer drops (all-equal rewards) are
+  replaced by collecting more before the iteration's update can happen, as WebGym's dynamic sampling.
+
+The trainer and the ledger writer are child processes (torchrun; `awrl ledger sync --follow`), stopped
+by process group at the end; the ledger is then drained so the whole run is queryable.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from pipeline.bus import EventProducer, follow
+from pipeline.ledger import LedgerWriter
+from pipeline.settings import StackSettings
+from pipeline.topics import TRAINER
+from rollout.episode import EpisodeConfig
+from rollout.pool import PoolStats
+from rollout.run import RolloutRequest, run_rollout
+from schemas import GroupDropped, PolicyVersionPublished, UpdateApplied
+from trainer import launch
+from trainer.config import TrainConfig
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    mode: Literal["async", "sync"] = "async"
+    minutes: float = 10.0
+    """Wall budget for rollout and training (start-up and the final drain are not counted)."""
+    suite: str = "sites"
+    difficulty: str | None = "easy"
+    policy: str = "local"
+    """`local` (the tiny VLM samples) or `demo` (the oracle's actions as its tokens, with `noise`)."""
+    noise: float = 0.0
+    model_dir: Path | None = None
+    """Initial weights of both the pool and the trainer (e.g. an SFT warm start)."""
+    workers: int = 2
+    group_size: int = 2
+    eta: int = 2
+    """Staleness bound of the async schedule (sync is on-policy: 0)."""
+    nproc: int = 1
+    """Trainer processes."""
+    som: bool = True
+    train: TrainConfig | None = None
+    """Trainer hyper-parameters; `run_id`, `model_dir` and `eta` are set by the run."""
+    run_id: str = ""
+    log_dir: Path = Path(".awrl/runs")
+
+
+@dataclass
+class RunProgress:
+    """What the live display shows, folded from the pool and the trainer's events."""
+
+    started: float = field(default_factory=time.monotonic)
+    episodes: int = 0
+    successes: int = 0
+    steps: int = 0
+    version: int = 0
+    updates: list[UpdateApplied] = field(default_factory=list)
+    dropped: int = 0
+    iterations: int = 0
+    pool: PoolStats | None = None
+
+    def on_trainer_event(self, e) -> None:
+        if isinstance(e, PolicyVersionPublished):
+            self.version = max(self.version, e.version)
+        elif isinstance(e, UpdateApplied):
+            self.updates.append(e)
+        elif isinstance(e, GroupDropped):
+            self.dropped += 1
+
+    @property
+    def trainer_idle(self) -> float:
+        """Fraction of the run's wall time the trainer was not computing (waiting for data or idle)."""
+        elapsed = time.monotonic() - self.started
+        return 1.0 - min(1.0, sum(u.compute_s for u in self.updates) / max(elapsed, 1e-9))
+
+    @property
+    def staleness(self) -> float:
+        stale = [u.stats.get("staleness_mean", 0.0) for u in self.updates]
+        return sum(stale) / len(stale) if stale else 0.0
+
+
+@dataclass
+class RunSummary:
+    run_id: str
+    mode: str
+    seconds: float
+    episodes: int
+    successes: int
+    steps: int
+    updates: int
+    version: int
+    groups_dropped: int
+    trainer_idle: float
+    staleness_mean: float
+
+    @property
+    def trajectories_per_hour(self) -> float:
+        return self.episodes * 3600 / max(self.seconds, 1e-9)
+
+
+def run_training(settings: StackSettings, config: RunConfig, on_progress=None) -> RunSummary:
+    """Run the schedule for `config.minutes`; `on_progress(progress)` is called about once a second."""
+    run_id = config.run_id or f"{config.mode}-{uuid.uuid4().hex[:8]}"
+    logs = config.log_dir / run_id
+    logs.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, **settings.environ()}
+    train = (config.train or TrainConfig(run_id=run_id)).model_copy(update={
+        "run_id": run_id, "model_dir": config.model_dir, "eta": config.eta if config.mode == "async" else 0})
+    progress, stop = RunProgress(), threading.Event()
+    producer = EventProducer(settings, client_id="run")
+    watcher = threading.Thread(target=follow, args=(settings, TRAINER, run_id, progress.on_trainer_event, stop, producer),
+                               daemon=True)
+    watcher.start()
+    with open(logs / "trainer.log", "w") as tlog, open(logs / "ledger.log", "w") as llog:
+        ledger = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "ledger", "sync", "--follow"], env=env,
+                                  stdout=llog, stderr=subprocess.STDOUT, start_new_session=True)
+        trainer = launch.start(train, config.nproc, env, log=tlog)
+        progress.started = time.monotonic()
+        deadline = progress.started + config.minutes * 60
+        ticker = threading.Thread(target=_tick, args=(progress, stop, on_progress), daemon=True)
+        ticker.start()
+        try:
+            schedule = _run_async if config.mode == "async" else _run_sync
+            schedule(settings, config, run_id, progress, deadline, trainer)
+        finally:
+            seconds = time.monotonic() - progress.started
+            stop.set()
+            launch.stop(trainer)
+            launch.stop(ledger)
+    LedgerWriter(settings).sync(idle_exit_s=3.0)  # drain: the whole run is in the ledger
+    producer.close()
+    return RunSummary(run_id, config.mode, seconds, progress.episodes, progress.successes, progress.steps,
+                      len(progress.updates), progress.version, progress.dropped, progress.trainer_idle,
+                      progress.staleness)
+
+
+def _request(config: RunConfig, run_id: str, episodes: int | None, eta: int | None, min_version: int = 0,
+             seed: int = 0) -> RolloutRequest:
+    return RolloutRequest(suite=config.suite, policy=config.policy, noise=config.noise, workers=config.workers,
+                          group_size=config.group_size, episodes=episodes, difficulty=config.difficulty,
+                          run_id=run_id, model_dir=config.model_dir, episode=EpisodeConfig(som=config.som),
+                          eta=eta, groups_per_update=(config.train or TrainConfig(run_id=run_id)).groups_per_update,
+                          min_version=min_version, seed=seed)
+
+
+def _count(progress: RunProgress):
+    base = (progress.episodes, progress.successes, progress.steps)
+
+    def update(pool) -> None:
+        s = pool.stats
+        progress.episodes, progress.successes, progress.steps = base[0] + s.episodes, base[1] + s.successes, base[2] + s.steps
+        progress.pool = s
+
+    return update
+
+
+def _run_async(settings, config: RunConfig, run_id: str, progress: RunProgress, deadline: float, trainer) -> None:
+    stop = threading.Event()
+    timer = threading.Timer(max(0.0, deadline - time.monotonic()), stop.set)
+    timer.start()
+    try:
+        run_rollout(settings, _request(config, run_id, None, config.eta), False, stop, _count(progress))
+    finally:
+        timer.cancel()
+
+
+def _run_sync(settings, config: RunConfig, run_id: str, progress: RunProgress, deadline: float, trainer) -> None:
+    batch = (config.train or TrainConfig(run_id=run_id)).groups_per_update
+    dispatched = 0
+    while time.monotonic() < deadline and trainer.poll() is None:
+        version = progress.version
+        # collect until the trainer can fill a batch: every group it dropped must be replaced
+        needed = batch
+        while needed > 0 and time.monotonic() < deadline:
+            stop = threading.Event()
+            timer = threading.Timer(max(0.0, deadline - time.monotonic()), stop.set)
+            timer.start()
+            # a fresh pool each round: browsers built and torn down (a new task order too: seed)
+            request = _request(config, run_id, needed * config.group_size, None, version, seed=dispatched)
+            run_rollout(settings, request, False, stop, _count(progress))
+            timer.cancel()
+            dispatched += needed
+            needed = _wait_for_trainer(progress, version, dispatched, batch, deadline, trainer)
+        progress.iterations += 1
+
+
+def _wait_for_trainer(progress: RunProgress, version: int, dispatched: int, batch: int, deadline: float,
+                      trainer) -> int:
+    """Wait for the trainer's next version (then 0 more groups are needed), or until it has dropped so
+    many groups that the ones it holds cannot fill a batch (then the shortfall)."""
+    while time.monotonic() < deadline and trainer.poll() is None:
+        if progress.version > version:
+            return 0
+        held = dispatched - progress.dropped - sum(len(u.group_ids) for u in progress.updates)
+        if held < batch:
+            return batch - held
+        time.sleep(0.2)
+    return 0
+
+
+def _tick(progress: RunProgress, stop: threading.Event, on_progress) -> None:
+    while not stop.wait(1.0):
+        if on_progress:
+            on_progress(progress)

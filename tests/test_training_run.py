@@ -1,0 +1,29 @@
+"""`awrl run` smoke tests with a tiny budget: each schedule runs the pool, the trainer and the ledger
+writer together, updates the policy, and leaves the whole run in the ledger."""
+
+from __future__ import annotations
+
+import pytest
+
+from analysis.ledger import connect
+from pipeline.training import RunConfig, run_training
+from trainer.config import TrainConfig
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.mark.parametrize("mode", ["async", "sync"])
+def test_a_short_run_trains_and_reaches_the_ledger(settings, tmp_path, mode):
+    settings = settings.model_copy(update={"ledger_uri": str(tmp_path / "ledger")})
+    config = RunConfig(mode=mode, minutes=1.5, policy="demo", noise=0.5, workers=2, group_size=2,
+                       train=TrainConfig(run_id="-", groups_per_update=1, dynamic_sampling=False),
+                       log_dir=tmp_path / "runs")
+    seen = []
+    summary = run_training(settings, config, on_progress=seen.append)
+    print(f"\n{mode}: {summary}")
+    assert summary.episodes > 0 and summary.updates >= 1 and summary.version >= 1 and seen
+    con = connect(settings.ledger_uri)
+    rows = con.sql(f"select count(*) from updates where run_id = '{summary.run_id}'").fetchall()[0][0]
+    assert rows == summary.updates
+    assert con.sql(f"select count(*) from trajectories where run_id = '{summary.run_id}'").fetchall()[0][0] > 0
+    assert (tmp_path / "runs" / summary.run_id / "trainer.log").stat().st_size > 0
