@@ -56,6 +56,8 @@ class RunConfig:
     nproc: int = 1
     """Trainer processes."""
     som: bool = True
+    everlasting: bool = True
+    """async only: False relaunches each browser after every episode (the everlasting-pool ablation)."""
     train: TrainConfig | None = None
     """Trainer hyper-parameters; `run_id`, `model_dir` and `eta` are set by the run."""
     run_id: str = ""
@@ -157,7 +159,7 @@ def _request(config: RunConfig, run_id: str, episodes: int | None, eta: int | No
                           group_size=config.group_size, episodes=episodes, difficulty=config.difficulty,
                           run_id=run_id, model_dir=config.model_dir, episode=EpisodeConfig(som=config.som),
                           eta=eta, groups_per_update=(config.train or TrainConfig(run_id=run_id)).groups_per_update,
-                          min_version=min_version, seed=seed)
+                          min_version=min_version, seed=seed, everlasting=config.everlasting)
 
 
 def _count(progress: RunProgress):

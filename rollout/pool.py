@@ -46,6 +46,8 @@ class PoolConfig:
     """Load the policy versions this run's trainer publishes; None follows every run (one-run deployments)."""
     browser: BrowserConfig = BrowserConfig()
     episode: EpisodeConfig = EpisodeConfig()
+    everlasting: bool = True
+    """Keep each browser for the whole run; False relaunches it after every episode (the ablation)."""
 
 
 @dataclass
@@ -145,6 +147,9 @@ class RolloutPool:
             )
             await self._catch_up(group.dispatch.dispatched_at_version)
             finished = await run_episode(ctx, group.task, group.dispatch.group_id)
+            if not self.config.everlasting:
+                await worker.close()
+                await worker.ensure()
             self._count(finished)
             group.results.append(finished)
             if len(group.results) == group.dispatch.group_size:

@@ -101,6 +101,8 @@ class RolloutRequest:
     """Sampling temperature of model policies (0: greedy)."""
     min_version: int = 0
     """Dispatch groups at this policy version at least: the pool loads it before sampling them."""
+    everlasting: bool = True
+    """Keep browsers for the whole run (False: relaunch after every episode, an ablation)."""
 
 
 def run_rollout(settings: StackSettings, req: RolloutRequest, show_progress: bool = True,
@@ -115,7 +117,8 @@ def run_rollout(settings: StackSettings, req: RolloutRequest, show_progress: boo
                              noise=req.noise, checkpoints=CheckpointStore.from_settings(settings),
                              temperature=req.temperature)
         pool = RolloutPool(settings, {suite.name: suite}, policy,
-                           PoolConfig(workers=req.workers, episode=req.episode, run_id=run_id))
+                           PoolConfig(workers=req.workers, episode=req.episode, run_id=run_id,
+                                      everlasting=req.everlasting))
         groups = None if req.episodes is None else math.ceil(req.episodes / req.group_size)
         stop = stop or threading.Event()
         finished = threading.Event()
