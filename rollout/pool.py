@@ -117,9 +117,7 @@ class RolloutPool:
             self.stats.started = time.monotonic()  # rates count from when the browsers are up
             runners = [asyncio.create_task(self._work(w, jobs)) for w in workers]
             await self._all_done.wait()
-            for r in runners:
-                r.cancel()
-            await asyncio.gather(*runners, return_exceptions=True)
+            await _cancel_all(runners)
             await asyncio.gather(*(w.close() for w in workers))
         self._stop.set()
         self.stats.screenshots_uploaded = self.store.stats.puts
@@ -137,7 +135,7 @@ class RolloutPool:
 
     # -- workers ---------------------------------------------------------------------------------
     async def _work(self, worker: BrowserWorker, jobs: asyncio.Queue) -> None:
-        while True:
+        while not self._all_done.is_set():
             group: _Group = await jobs.get()
             ctx = EpisodeContext(
                 run_id=group.dispatch.run_id, worker=worker, policy=self.policy,
@@ -259,6 +257,17 @@ class RolloutPool:
                         self._latest = e
         finally:
             consumer.close()
+
+
+async def _cancel_all(tasks: list[asyncio.Task]) -> None:
+    """Cancel until every task has ended. Once is not always enough on Python 3.11: `asyncio.wait_for`
+    may swallow a cancellation that races with its inner task finishing (fixed in 3.12), and the
+    worker would then wait for its next job forever (seen under heavy CPU load)."""
+    pending = set(tasks)
+    while pending:
+        for t in pending:
+            t.cancel()
+        _, pending = await asyncio.wait(pending, timeout=5)
 
 
 class _OffsetTracker:

@@ -5,6 +5,7 @@ drops groups; with it the dispatcher pauses instead."""
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import threading
 import uuid
@@ -20,7 +21,7 @@ from schemas import GroupDropped, PolicyVersionPublished, StepRecorded, UpdateAp
 from trainer.config import TrainConfig
 from trainer.launch import launch
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
 
 def _train_beside_a_live_rollout(settings, config: TrainConfig, eta: int | None, nproc: int = 1,
@@ -37,7 +38,9 @@ def _train_beside_a_live_rollout(settings, config: TrainConfig, eta: int | None,
     finally:
         stop.set()
         pool.join(timeout=120)
-    assert code == 0
+        if pool.is_alive():  # say where it hangs
+            faulthandler.dump_traceback(all_threads=True)
+    assert code == 0 and not pool.is_alive()
     events = [e for e in read_log(settings, TRAINER) if e.run_id == config.run_id]
     return result["stats"], events
 

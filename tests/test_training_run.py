@@ -9,7 +9,7 @@ from analysis.ledger import connect
 from pipeline.training import RunConfig, run_training
 from trainer.config import TrainConfig
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
 
 @pytest.mark.parametrize("mode", ["async", "sync"])
