@@ -110,13 +110,26 @@ class KillBrowserOnce:
         self.version = version
 
 
+def _ours(pid: int) -> bool:
+    """Whether `pid` descends from this test process (other runs' browsers may be alive too)."""
+    while pid > 1:
+        if pid == os.getpid():
+            return True
+        try:
+            pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            return False
+    return False
+
+
 def _kill_one_browser() -> int:
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if any(a.startswith(b"--awrl-browser=") for a in args) and not any(a.startswith(b"--type=") for a in args):
+        if (any(a.startswith(b"--awrl-browser=") for a in args) and not any(a.startswith(b"--type=") for a in args)
+                and _ours(int(pid))):
             os.kill(int(pid), signal.SIGKILL)
             return int(pid)
     raise AssertionError("no browser to kill")

@@ -47,13 +47,13 @@ def _train_beside_a_live_rollout(settings, config: TrainConfig, eta: int | None,
 
 def test_torchrun_trains_a_live_run_and_the_pool_picks_up_versions(settings, tmp_path):
     run_id = f"train-{uuid.uuid4().hex[:6]}"
-    config = TrainConfig(run_id=run_id, groups_per_update=2, eta=2, max_updates=5, batch_timeout_s=600)
+    config = TrainConfig(run_id=run_id, groups_per_update=1, eta=2, max_updates=5, batch_timeout_s=600)
     stats, events = _train_beside_a_live_rollout(settings, config, eta=2, nproc=2)
 
     updates = [e for e in events if isinstance(e, UpdateApplied)]
     versions = sorted((e for e in events if isinstance(e, PolicyVersionPublished)), key=lambda e: e.version)
     assert [u.update_step for u in updates] == list(range(5))
-    assert all(u.world_size == 2 and len(u.group_ids) == 2 and u.stats["tokens"] > 0 for u in updates)
+    assert all(u.world_size == 2 and len(u.group_ids) == 1 and u.stats["tokens"] > 0 for u in updates)
     assert [v.version for v in versions] == list(range(6))
     # lineage: each version names its parent and the update that produced it, with the same weights hash
     for v, u in zip(versions[1:], updates):
