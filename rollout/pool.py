@@ -43,7 +43,8 @@ class PoolConfig:
     consumer_group: str = "rollout"
     """Kafka consumer group shared by all pool processes of a deployment."""
     run_id: str | None = None
-    """Load the policy versions this run's trainer publishes; None follows every run (one-run deployments)."""
+    """Serve only this run's task groups and load the versions its trainer publishes (give each run
+    its own `consumer_group`); None serves every run (one-run deployments)."""
     browser: BrowserConfig = BrowserConfig()
     episode: EpisodeConfig = EpisodeConfig()
     everlasting: bool = True
@@ -225,6 +226,10 @@ class RolloutPool:
                     continue
                 d = got[0]
                 tracker.started(d.topic, d.partition, d.offset)
+                if self.config.run_id not in (None, d.event.run_id):  # another run's group: not ours
+                    tracker.done(d.topic, d.partition, d.offset)
+                    capacity.release()
+                    continue
                 group = self._group(d)
                 if group is None:  # a task this pool does not serve: skip it, loudly
                     print(f"rollout: unknown task {d.event.suite}/{d.event.task_id}; skipped")

@@ -118,7 +118,7 @@ def run_rollout(settings: StackSettings, req: RolloutRequest, show_progress: boo
                              temperature=req.temperature)
         pool = RolloutPool(settings, {suite.name: suite}, policy,
                            PoolConfig(workers=req.workers, episode=req.episode, run_id=run_id,
-                                      everlasting=req.everlasting))
+                                      consumer_group=f"rollout-{run_id}", everlasting=req.everlasting))
         groups = None if req.episodes is None else math.ceil(req.episodes / req.group_size)
         stop = stop or threading.Event()
         finished = threading.Event()
