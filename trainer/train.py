@@ -190,8 +190,9 @@ def _publish(producer: EventProducer, checkpoints: CheckpointStore, scorer: Scor
         torch.save(optimizer.state_dict(), Path(tmp) / "optimizer.pt")
         checkpoints.put_state(Path(tmp) / "optimizer.pt", config.run_id, version)
         uri = checkpoints.upload(directory, config.run_id, version)
+    weights = updates[-1].weights_sha256 if updates else weights_sha256(model.state_dict())  # hashed once
     published = PolicyVersionPublished(
-        run_id=config.run_id, version=version, checkpoint_uri=uri, checkpoint_sha256=weights_sha256(model.state_dict()),
+        run_id=config.run_id, version=version, checkpoint_uri=uri, checkpoint_sha256=weights,
         update_step=update_step, parent_version=parent, update_ids=[u.event_id for u in updates],
         publish_s=time.perf_counter() - t0,
     )

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from rollout.policy.local import inputs_from_ids, mrope_positions, policy_log_softmax
+from rollout.policy.local import forward_log_softmax, inputs_from_ids
 from trainer.batch import TrainGroup
 from trainer.config import TrainConfig
 from trainer.losses import decoupled_ppo_objective, grpo_loss, raft_advantages, token_weights
@@ -76,9 +76,7 @@ def prefetch(samples: list[StepSample], fetch: Callable[[str], bytes], ahead: in
 
 def score(model, inputs: dict, n: int, suppress: list[int], temperature: float):
     """(log-probs [n], entropies [n]) of the last `n` tokens of `inputs` under the behaviour distribution."""
-    pos, _ = mrope_positions(model, inputs)
-    out = model(**inputs, position_ids=pos, use_cache=False, logits_to_keep=n + 1)
-    logp = policy_log_softmax(out.logits[0, :-1], suppress, temperature)  # [n, V]
+    logp = forward_log_softmax(model, inputs, n, suppress, temperature)  # [n, V]
     tokens = inputs["input_ids"][0, -n:]  # [n]
     logprobs = logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)  # [n]
     p = logp.exp()

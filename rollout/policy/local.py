@@ -1,7 +1,7 @@
 """`LocalPolicy`: a transformers Qwen3-VL on CPU behind the `Policy` contract, with exact log-probs.
 
 Sampling is our own loop over a KV cache (not `generate`) so that the log-prob recorded for each
-token is computed by the very function the trainer uses for teacher forcing (`token_logprobs`):
+token is computed by the very function the trainer uses for teacher forcing (`policy_log_softmax`):
 logits / temperature, non-stop special tokens masked to -inf, log-softmax. The behaviour policy is
 therefore that masked distribution, and `teacher_forced_logprobs` reproduces it to float rounding.
 Vision special tokens must be masked: a sampled `<|image_pad|>` would make the next forward look for
@@ -107,19 +107,19 @@ def policy_log_softmax(logits: torch.Tensor, suppress: list[int], temperature: f
     return torch.log_softmax(scaled, dim=-1)
 
 
-def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, suppress: list[int], temperature: float):
-    """Log-probs (N) of `tokens` (N) under logits (N x V)."""
-    return policy_log_softmax(logits, suppress, temperature).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+def forward_log_softmax(model, inputs: dict, n_response: int, suppress: list[int], temperature: float = 1.0):
+    """Differentiable behaviour distribution (n_response x V) at each of the last `n_response` tokens."""
+    pos, _ = mrope_positions(model, inputs)
+    out = model(**inputs, position_ids=pos, use_cache=False, logits_to_keep=n_response + 1)
+    return policy_log_softmax(out.logits[0, :-1], suppress, temperature)  # position t predicts token t + 1
 
 
 def forward_logprobs(model, inputs: dict, n_response: int, suppress: list[int], temperature: float = 1.0):
     """Differentiable log-probs (a tensor) of the last `n_response` tokens of `inputs` (prompt + response)."""
     if n_response == 0:
         return torch.zeros(0)
-    pos, _ = mrope_positions(model, inputs)
-    out = model(**inputs, position_ids=pos, use_cache=False, logits_to_keep=n_response + 1)
-    logits = out.logits[0, :-1]  # logits at position t predict token t + 1
-    return token_logprobs(logits, inputs["input_ids"][0, -n_response:], suppress, temperature)
+    logp = forward_log_softmax(model, inputs, n_response, suppress, temperature)
+    return logp.gather(-1, inputs["input_ids"][0, -n_response:].unsqueeze(-1)).squeeze(-1)
 
 
 # --- the policy ----------------------------------------------------------------------------------
