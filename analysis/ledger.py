@@ -36,6 +36,7 @@ from pipeline.settings import StackSettings
 from schemas import (
     EpisodeFinished,
     EpisodeStarted,
+    EvaluationCompleted,
     Event,
     GroupCompleted,
     GroupDropped,
@@ -56,8 +57,10 @@ RAW_VIEWS: dict[str, type[Event]] = {
     "update_applied": UpdateApplied,
     "policy_version_published": PolicyVersionPublished,
     "group_dropped": GroupDropped,
+    "evaluation_completed": EvaluationCompleted,
 }
-VIEWS: tuple[str, ...] = ("steps", "trajectories", "groups", "updates", "policy_versions", "dropped_groups")
+VIEWS: tuple[str, ...] = ("steps", "trajectories", "groups", "updates", "policy_versions", "dropped_groups",
+                         "evaluations")
 """Derived views, in creation order; each is `analysis/sql/<name>.sql`."""
 
 Source = StackSettings | str | os.PathLike

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from schemas import (
     EpisodeFinished,
     EpisodeStarted,
+    EvaluationCompleted,
     Event,
     GroupCompleted,
     GroupDropped,
@@ -46,6 +47,7 @@ _ROUTES: dict[type[Event], Topic] = {
     UpdateApplied: TRAINER,
     PolicyVersionPublished: TRAINER,
     GroupDropped: TRAINER,
+    EvaluationCompleted: TRAINER,
 }
 
 

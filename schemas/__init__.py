@@ -8,6 +8,7 @@ from schemas.events import (
     SCHEMA_VERSION,
     EpisodeFinished,
     EpisodeStarted,
+    EvaluationCompleted,
     Event,
     GroupCompleted,
     GroupDropped,
@@ -21,7 +22,7 @@ from schemas.events import (
 )
 
 __all__ = [
-    "Action", "BY_NAME", "EVENT_TYPES", "SCHEMA_VERSION", "EpisodeFinished", "EpisodeStarted", "Event",
+    "Action", "BY_NAME", "EVENT_TYPES", "SCHEMA_VERSION", "EpisodeFinished", "EpisodeStarted", "EvaluationCompleted", "Event",
     "GroupCompleted", "GroupDropped", "PolicyVersionPublished", "StepRecorded", "StepTimings", "TaskGroupDispatched",
     "UpdateApplied", "arrow_schema", "decode_event", "encode_event", "events_to_table", "table_to_events",
 ]

@@ -20,8 +20,9 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainSeriali
 
 from schemas.actions import Action
 
-SCHEMA_VERSION = 2
-"""2: GroupDropped; UpdateApplied timings and staleness; PolicyVersionPublished lineage."""
+SCHEMA_VERSION = 3
+"""2: GroupDropped; UpdateApplied timings and staleness; PolicyVersionPublished lineage.
+3: EvaluationCompleted (a learning curve's points)."""
 Sha256 = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
 Outcome = Literal["success", "failure", "env_error"]
 
@@ -256,6 +257,29 @@ class GroupDropped(Event):
     """Oldest behaviour version in the group."""
 
 
+class EvaluationCompleted(Event):
+    """A policy's success rate on a task split, measured by an evaluation run (a point of a learning
+    curve). `run_id` is the run being evaluated; the episodes themselves are the events of `eval_run_id`."""
+
+    event_type: Literal["EvaluationCompleted"] = "EvaluationCompleted"
+    stage: str
+    """What was evaluated, e.g. `untrained`, `sft`, `rl`."""
+    eval_run_id: str
+    policy_version: int = Field(ge=0)
+    checkpoint_sha256: Sha256 | None = None
+    """Hash of the evaluated weights (None for a scripted policy)."""
+    suite: str
+    split: str
+    difficulty: str | None = None
+    episodes: int = Field(ge=0)
+    successes: int = Field(ge=0)
+    ci95_low: float = Field(ge=0, le=1)
+    ci95_high: float = Field(ge=0, le=1)
+    """Wilson 95% interval of the success rate."""
+    train_s: float = Field(default=0.0, ge=0)
+    """Training wall time spent to reach this policy (SFT + RL so far)."""
+
+
 EVENT_TYPES: tuple[type[Event], ...] = (
     TaskGroupDispatched,
     EpisodeStarted,
@@ -265,6 +289,7 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     UpdateApplied,
     PolicyVersionPublished,
     GroupDropped,
+    EvaluationCompleted,
 )
 AnyEvent = Annotated[
     TaskGroupDispatched
@@ -274,7 +299,8 @@ AnyEvent = Annotated[
     | GroupCompleted
     | UpdateApplied
     | PolicyVersionPublished
-    | GroupDropped,
+    | GroupDropped
+    | EvaluationCompleted,
     Field(discriminator="event_type"),
 ]
 EVENT_ADAPTER: TypeAdapter[Event] = TypeAdapter(AnyEvent)

@@ -307,3 +307,24 @@ def test_views_over_an_s3_ledger_match_the_local_ones(stack, ledger):
     assert s3.execute(query).fetchall() == local.execute(query).fetchall()
     expected = drift_metrics(local, "r1").to_dict()
     assert drift_metrics(s3, "r1").to_dict() == expected
+
+
+def test_learning_curve_from_the_evaluations_view(tmp_path):
+    from analysis.curves import evaluation_points, learning_curve_png
+    from schemas import EvaluationCompleted
+
+    def point(stage, successes, train_s):
+        return EvaluationCompleted(run_id="L", stage=stage, eval_run_id=f"L-eval-{stage}", policy_version=0,
+                                   suite="miniwob", split="test", episodes=100, successes=successes,
+                                   ci95_low=0.0, ci95_high=1.0, train_s=train_s)
+
+    write_ledger(tmp_path / "ledger", [point("rl", 61, 700.0), point("untrained", 1, 0.0), point("sft", 48, 100.0)])
+    con = connect(tmp_path / "ledger")
+    rows = con.execute("select stage, success_rate from evaluations where run_id = 'L' order by train_s").fetchall()
+    assert rows == [("untrained", 0.01), ("sft", 0.48), ("rl", 0.61)]
+    points = evaluation_points(con, "L")
+    assert [p.stage for p in points] == ["untrained", "sft", "rl"] and points[2].rate == 0.61
+    png = learning_curve_png(points, tmp_path / "curve.png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with pytest.raises(ValueError, match="no evaluations"):
+        learning_curve_png([], tmp_path / "empty.png")

@@ -6,6 +6,7 @@ from pipeline.samples import sample_group, sample_step
 from schemas import (
     EVENT_TYPES,
     Action,
+    EvaluationCompleted,
     GroupDropped,
     PolicyVersionPublished,
     TaskGroupDispatched,
@@ -32,6 +33,9 @@ def one_of_each():
                                checkpoint_sha256=SHA, update_step=0, parent_version=0, update_ids=["u0"]),
         GroupDropped(run_id="run", group_id="g1", task_id="t", reason="stale", trainer_version=3,
                      min_policy_version=0),
+        EvaluationCompleted(run_id="run", stage="sft", eval_run_id="eval-1", policy_version=0, suite="sites",
+                            split="heldout", difficulty="easy", episodes=100, successes=37, ci95_low=0.28,
+                            ci95_high=0.47, train_s=120.0),
     ]
     return events
 
