@@ -34,7 +34,9 @@ class Task(BaseModel):
     start_path: str = Field(pattern=r"^/")
     """Path on the suite's local server where the episode starts."""
     seed: int = 0
-    split: Literal["train", "heldout"] = "train"
+    split: Literal["train", "heldout", "test"] = "train"
+    """`heldout`: templates never trained on; `test`: unseen seeds of train templates (MiniWoB++'s
+    usual protocol: a new utterance, layout and labels from the same generator)."""
     judge: dict[str, str | int | float | list[str]] = Field(default_factory=dict)
     """Rule-judge parameters (suite-specific: expected answer, expected final state, ...)."""
     oracle: list[dict[str, str | int]] = Field(default_factory=list)
