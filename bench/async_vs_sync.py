@@ -10,7 +10,9 @@ Same model, tasks (our sites' Easy train split), G = 2, 2 groups per update, 2 b
 process. The default workload is the `demo` policy (the oracle's actions, random ones with
 probability `noise`, as the tiny VLM's tokens) with dynamic sampling off, so every group trains and
 the comparison is about the schedule. Prints trajectories/hour, trainer idle fraction, updates and
-staleness, and draws a timeline PNG per run into bench/out/.
+staleness, the share of the browser workers' episode time spent recording (screenshots to S3, events
+to the broker and their acks) and the ledger writer's CPU time as a share of the same, and draws a
+timeline PNG per run into bench/out/.
 """
 
 from __future__ import annotations
@@ -55,14 +57,16 @@ def main(minutes: float = 4.0, policy: str = "demo", noise: float = 0.5, workers
             stack.down()
 
     base = summaries["sync"].trajectories_per_hour
-    cols = ["schedule", "trajectories", "trajectories/hour", "vs sync", "updates", "trainer idle", "staleness mean"]
+    cols = ["schedule", "trajectories", "trajectories/hour", "vs sync", "updates", "trainer idle", "staleness mean",
+            "recording share", "ledger writer share"]
     table = Table(title=f"same workload, {minutes:g} min each ({policy}, noise {noise}, {workers} browsers)")
     for c in cols:
         table.add_column(c)
     md = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for name, s in summaries.items():
         row = [name, str(s.episodes), f"{s.trajectories_per_hour:,.0f}", f"{s.trajectories_per_hour / base:.2f}x",
-               str(s.updates), f"{s.trainer_idle:.0%}", f"{s.staleness_mean:.2f}"]
+               str(s.updates), f"{s.trainer_idle:.0%}", f"{s.staleness_mean:.2f}", f"{s.record_share:.2%}",
+               "-" if s.ledger_share is None else f"{s.ledger_share:.2%}"]
         table.add_row(*row)
         md.append("| " + " | ".join(row) + " |")
     console.print(table)

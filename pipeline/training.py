@@ -77,6 +77,10 @@ class RunProgress:
     dropped: int = 0
     iterations: int = 0
     pool: PoolStats | None = None
+    busy_s: float = 0.0
+    """Browser-worker time on episodes (all pools of the run, summed over workers)."""
+    record_s: float = 0.0
+    """Of `busy_s`, time storing screenshots, publishing events and awaiting their acks."""
 
     def on_trainer_event(self, e) -> None:
         if isinstance(e, PolicyVersionPublished):
@@ -111,6 +115,10 @@ class RunSummary:
     groups_dropped: int
     trainer_idle: float
     staleness_mean: float
+    record_share: float = 0.0
+    """Share of the workers' episode time spent recording (screenshots to S3, events to the broker)."""
+    ledger_share: float | None = None
+    """The ledger writer's CPU time as a share of the workers' episode time (None where /proc is absent)."""
 
     @property
     def trajectories_per_hour(self) -> float:
@@ -145,29 +153,44 @@ def run_training(settings: StackSettings, config: RunConfig, on_progress=None) -
             seconds = time.monotonic() - progress.started
             stop.set()
             launch.stop(trainer)
+            ledger_cpu_s = _cpu_seconds(ledger.pid)
             launch.stop(ledger)
     LedgerWriter(settings).sync(idle_exit_s=3.0)  # drain: the whole run is in the ledger
     producer.close()
+    busy = max(progress.busy_s, 1e-9)
     return RunSummary(run_id, config.mode, seconds, progress.episodes, progress.successes, progress.steps,
                       len(progress.updates), progress.version, progress.dropped, progress.trainer_idle,
-                      progress.staleness)
+                      progress.staleness, progress.record_s / busy,
+                      None if ledger_cpu_s is None else ledger_cpu_s / busy)
+
+
+def _cpu_seconds(pid: int) -> float | None:
+    """User + system CPU time of a live process (Linux /proc), or None."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 def _request(config: RunConfig, run_id: str, episodes: int | None, eta: int | None, min_version: int = 0,
              seed: int = 0) -> RolloutRequest:
+    train = config.train or TrainConfig(run_id=run_id)
+    # The pool samples at the temperature the trainer scores at: the behaviour distribution is one.
     return RolloutRequest(suite=config.suite, policy=config.policy, noise=config.noise, workers=config.workers,
                           group_size=config.group_size, episodes=episodes, difficulty=config.difficulty,
                           run_id=run_id, model_dir=config.model_dir, episode=EpisodeConfig(som=config.som),
-                          eta=eta, groups_per_update=(config.train or TrainConfig(run_id=run_id)).groups_per_update,
+                          eta=eta, groups_per_update=train.groups_per_update, temperature=train.temperature,
                           min_version=min_version, seed=seed, everlasting=config.everlasting)
 
 
 def _count(progress: RunProgress):
-    base = (progress.episodes, progress.successes, progress.steps)
+    base = (progress.episodes, progress.successes, progress.steps, progress.busy_s, progress.record_s)
 
     def update(pool) -> None:
         s = pool.stats
         progress.episodes, progress.successes, progress.steps = base[0] + s.episodes, base[1] + s.successes, base[2] + s.steps
+        progress.busy_s, progress.record_s = base[3] + s.busy_s, base[4] + s.record_s
         progress.pool = s
 
     return update

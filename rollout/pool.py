@@ -65,6 +65,10 @@ class PoolStats:
     """Groups this process dispatched (when it is also the dispatcher)."""
     dispatch_paused_s: float = 0.0
     """Time the dispatcher held groups back because the staleness budget was exhausted."""
+    busy_s: float = 0.0
+    """Worker time spent on episodes and on completing their groups (summed over workers)."""
+    record_s: float = 0.0
+    """Of `busy_s`, the time spent recording: storing screenshots, publishing events, awaiting acks."""
     started: float = field(default_factory=time.monotonic)
 
     @property
@@ -141,10 +145,11 @@ class RolloutPool:
             ctx = EpisodeContext(
                 run_id=group.dispatch.run_id, worker=worker, policy=self.policy,
                 suite=self.suites[group.task.suite], emit=lambda e, g=group: self._emit(e, g),
-                put_screenshot=lambda png: asyncio.to_thread(self.store.put, png),
+                put_screenshot=self._put_screenshot,
                 refresh=self._refresh, config=self.config.episode,
             )
             await self._catch_up(group.dispatch.dispatched_at_version)
+            t0 = time.perf_counter()
             finished = await run_episode(ctx, group.task, group.dispatch.group_id)
             if not self.config.everlasting:
                 await worker.close()
@@ -153,13 +158,24 @@ class RolloutPool:
             group.results.append(finished)
             if len(group.results) == group.dispatch.group_size:
                 await self._complete(group)
+            self.stats.busy_s += time.perf_counter() - t0
+            if self._on_progress:
+                self._on_progress(self)
+
+    async def _put_screenshot(self, png: bytes) -> str:
+        t0 = time.perf_counter()
+        sha = await asyncio.to_thread(self.store.put, png)
+        self.stats.record_s += time.perf_counter() - t0
+        return sha
 
     def _emit(self, event: Event, group: _Group) -> None:
+        t0 = time.perf_counter()
         if isinstance(event, StepRecorded):
             group.versions.update(event.token_policy_versions or [event.policy_version])
         elif isinstance(event, EpisodeStarted):
             group.versions.add(event.policy_version)
         group.acks.append(self.producer.publish(event))
+        self.stats.record_s += time.perf_counter() - t0
 
     def _count(self, f: EpisodeFinished) -> None:
         s = self.stats
@@ -180,8 +196,10 @@ class RolloutPool:
             min_policy_version=min(versions), max_policy_version=max(versions),
         )
         # Every step of the group must be acknowledged before the group is announced complete.
+        t0 = time.perf_counter()
         acks = group.acks + [self.producer.publish(completed)]
         await asyncio.to_thread(lambda: [f.get(timeout=60) for f in acks])
+        self.stats.record_s += time.perf_counter() - t0
         self._done_offsets.append(group.offset)
         self.stats.groups += 1
         self._capacity.release()

@@ -22,6 +22,7 @@ def test_a_short_run_trains_and_reaches_the_ledger(settings, tmp_path, mode):
     summary = run_training(settings, config, on_progress=seen.append)
     print(f"\n{mode}: {summary}")
     assert summary.episodes > 0 and summary.updates >= 1 and summary.version >= 1 and seen
+    assert 0 < summary.record_share < 1 and summary.ledger_share is not None and summary.ledger_share > 0
     con = connect(settings.ledger_uri)
     rows = con.sql(f"select count(*) from updates where run_id = '{summary.run_id}'").fetchall()[0][0]
     assert rows == summary.updates
