@@ -8,6 +8,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # Debian packages: the browser for the rollout pool, Ceph for the local S3 store.
 DEBS := chromium fonts-liberation radosgw ceph-mon ceph-osd
 PYTEST_ARGS ?=
+DEMO_ARGS ?=
 
 .PHONY: setup system test test-fast demo bench clean
 
@@ -32,7 +33,7 @@ test-fast: setup
 	$(BIN)/python -m pytest -q -ra -m "not slow" $(PYTEST_ARGS)
 
 demo: setup
-	$(BIN)/awrl demo
+	$(BIN)/awrl demo $(DEMO_ARGS)
 
 bench: setup
 	$(BIN)/python bench/bus_and_store.py

@@ -91,12 +91,18 @@ def _print_status(stack) -> bool:
 @app.command()
 def demo(
     data_dir: Path = DATA_DIR,
-    episodes: int = typer.Option(8, help="Episodes to run (groups of 4)."),
+    suite: str = typer.Option("miniwob", help="Task suite (Easy tasks): miniwob (learns on CPU) or sites."),
+    demo_episodes: int = typer.Option(120, help="Oracle demonstration episodes for the SFT warm start."),
+    sft_epochs: int = typer.Option(3),
+    rl_minutes: float = typer.Option(6.0, help="Wall budget of the async RL stage."),
+    eval_episodes: int = typer.Option(24, help="Held-out episodes per evaluation (the CI shows their spread)."),
     workers: int = typer.Option(2, help="Browsers in the pool."),
     keep: bool = typer.Option(True, help="Leave the stack running for `dagster dev` and `awrl sql`."),
 ) -> None:
-    """The main job on the local stack: rollout -> event log -> ledger -> drift -> Dagster."""
+    """The main job on the local stack: demonstrations -> SFT -> async RL -> ledger -> drift -> Dagster,
+    with held-out success before and after."""
     from pipeline.demo import run_demo
+    from pipeline.learning import LearningConfig
     from pipeline.stack.local import LocalStack
 
     already = LocalStack.load(data_dir)
@@ -105,8 +111,10 @@ def demo(
     # This process and a later `dagster dev` read the stack from the same settings.
     os.environ.update(dict(line.split("=", 1) for line in stack.dotenv().splitlines()[1:]))
     stack.write_dotenv(Path(".env"))
+    config = LearningConfig(suite=suite, demo_episodes=demo_episodes, sft_epochs=sft_epochs, rl_minutes=rl_minutes,
+                            eval_episodes=eval_episodes, workers=workers, out_dir=Path(".awrl/learning"))
     try:
-        summary = run_demo(stack.settings(), episodes=episodes, workers=workers)
+        summary = run_demo(stack.settings(), config, say=console.print)
     finally:
         if not keep and already is None:
             stack.down()
@@ -117,9 +125,10 @@ def demo(
         if k != "run_id":
             table.add_row(k.replace("_", " "), f"{v:.3f}" if isinstance(v, float) else str(v))
     console.print(table)
-    console.print(f"next: [bold]awrl drift {summary.run_id}[/], [bold]awrl sql \"SELECT * FROM trajectories\"[/], "
-                  f"[bold]dagster dev[/] (reads .env), [bold]awrl stack down[/] when done")
-    if summary.events_in_ledger == 0 or summary.episodes < episodes:
+    console.print(f"next: [bold]dagster dev[/] (reads .env; the run is partition {summary.run_id}), "
+                  f"[bold]awrl sql \"SELECT * FROM evaluations\"[/], [bold]awrl drift {summary.run_id}[/], "
+                  f"[bold]awrl stack down[/] when done")
+    if summary.events_in_ledger == 0:
         _fail("the run did not reach the ledger")
 
 

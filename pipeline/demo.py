@@ -1,62 +1,73 @@
 """`awrl demo`: the main job on the embedded stack, end to end.
 
-Stack up -> an everlasting pool of real browsers runs our sites' tasks (oracle policy, Set-of-Mark)
--> every step on the event log, every screenshot in S3 by hash -> the ledger writer folds the log into
-Parquet -> DuckDB computes the run's drift metrics -> Dagster materializes the run's tables. The
-training stages (SFT, RL) plug in between rollout and ledger as their issues land.
+Stack up -> the untrained tiny VLM's held-out success -> oracle demonstrations in real browsers ->
+SFT warm start -> async RL (everlasting pool, bounded staleness, torchrun trainer publishing versions)
+-> held-out success after each stage -> everything folded into the Parquet ledger -> the RL run's drift
+metrics from DuckDB -> every Dagster asset materialized for the run. The learning stages are
+`pipeline.learning`; this module adds the ledger, drift and Dagster end and the summary.
 """
 
 from __future__ import annotations
 
 import time
-import uuid
 from dataclasses import dataclass
 
-from pipeline.ledger import LedgerWriter
+from pipeline.learning import LearningConfig, LearningCurve, run_learning
 from pipeline.settings import StackSettings
 
 
 @dataclass
 class DemoSummary:
     run_id: str
-    episodes: int
-    success_rate: float
-    steps: int
-    steps_per_s: float
+    success_untrained: str
+    success_after_sft: str
+    success_after_rl: str
+    demonstrations: str
+    sft_loss: str
+    rl_trajectories: int
+    rl_trajectories_per_hour: float
+    rl_updates: int
+    policy_version: int
+    trainer_idle: float
+    staleness_mean: float
     events_in_ledger: int
-    ledger_files: int
     screenshots_stored: int
     generic_key_ratio: float | None
     length_downweight: float | None
     dagster_assets_materialized: int
+    curve_png: str
     seconds: float
 
 
-def run_demo(settings: StackSettings, episodes: int = 8, workers: int = 2) -> DemoSummary:
+def run_demo(settings: StackSettings, config: LearningConfig, say=print) -> DemoSummary:
     from analysis import connect, drift_metrics
-    from rollout.episode import EpisodeConfig
-    from rollout.run import RolloutRequest, run_rollout
 
     start = time.perf_counter()
-    run_id = f"demo-{uuid.uuid4().hex[:8]}"
-    req = RolloutRequest(suite="sites", policy="oracle", workers=workers, group_size=4, episodes=episodes,
-                         run_id=run_id, episode=EpisodeConfig(som=True))
-    stats = run_rollout(settings, req)
-    writer = LedgerWriter(settings)
-    ledger = writer.sync(idle_exit_s=3.0)
+    curve = run_learning(settings, config, say)
     con = connect(settings)
-    (written,) = con.execute("SELECT count(*) FROM step_recorded WHERE run_id = $r", {"r": run_id}).fetchone()
-    (shots,) = con.execute("SELECT count(DISTINCT screenshot_sha256) FROM steps WHERE run_id = $r",
-                           {"r": run_id}).fetchone()
-    drift = drift_metrics(con, run_id)
-    materialized = _materialize(run_id)
+    (events,) = con.execute("SELECT count(*) FROM step_recorded WHERE run_id LIKE $r || '%'",
+                            {"r": curve.run_id}).fetchone()
+    (shots,) = con.execute("SELECT count(DISTINCT screenshot_sha256) FROM steps WHERE run_id LIKE $r || '%'",
+                           {"r": curve.run_id}).fetchone()
+    drift = drift_metrics(con, curve.run_id)
+    say("materializing the Dagster assets of the RL run")
+    materialized = _materialize(curve.run_id)
+    rl, sft = curve.rl, curve.sft
     return DemoSummary(
-        run_id=run_id, episodes=stats.episodes, success_rate=stats.successes / max(stats.episodes, 1),
-        steps=stats.steps, steps_per_s=stats.steps_per_s, events_in_ledger=ledger.written,
-        ledger_files=ledger.files, screenshots_stored=shots, generic_key_ratio=drift.generic_key_ratio,
+        run_id=curve.run_id, success_untrained=_rate(curve, "untrained"), success_after_sft=_rate(curve, "sft"),
+        success_after_rl=_rate(curve, "rl"), demonstrations=f"{curve.demo_successes}/{curve.demo_episodes} succeeded",
+        sft_loss=f"{sft.losses[0]:.2f} -> {sft.losses[-1]:.2f}" if sft else "-",
+        rl_trajectories=rl.episodes, rl_trajectories_per_hour=rl.trajectories_per_hour, rl_updates=rl.updates,
+        policy_version=rl.version, trainer_idle=rl.trainer_idle, staleness_mean=rl.staleness_mean,
+        events_in_ledger=events, screenshots_stored=shots, generic_key_ratio=drift.generic_key_ratio,
         length_downweight=drift.length_downweight, dagster_assets_materialized=materialized,
-        seconds=time.perf_counter() - start,
+        curve_png=str(config.out_dir / curve.run_id / "curve.png"), seconds=time.perf_counter() - start,
     )
+
+
+def _rate(curve: LearningCurve, stage: str) -> str:
+    p = curve.point(stage)
+    return "-" if p is None else f"{p.rate:.2f} [{p.ci95[0]:.2f}, {p.ci95[1]:.2f}] n={p.episodes}"
 
 
 def _materialize(run_id: str) -> int:
@@ -69,5 +80,7 @@ def _materialize(run_id: str) -> int:
 
     instance = DagsterInstance.ephemeral()
     instance.add_dynamic_partitions("runs", [run_id])
-    result = materialize(all_assets, partition_key=run_id, instance=instance, resources=defs.resources)
+    quiet = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
+    result = materialize(all_assets, partition_key=run_id, instance=instance, resources=defs.resources,
+                         run_config=quiet)
     return len(result.get_asset_materialization_events())

@@ -7,19 +7,28 @@ import sys
 
 import pytest
 
+from analysis import connect
 from pipeline.stack.local import LocalStack
 from pipeline.store import ScreenshotStore
 
 
 def test_demo_runs_on_the_running_stack(stack, tmp_path):
+    """Every stage with a tiny budget: untrained eval, demonstrations, SFT, async RL, evals, ledger, Dagster."""
     out = subprocess.run(
-        [sys.executable, "-m", "pipeline.cli", "demo", "--episodes", "4", "--no-keep", "--data-dir",
-         str(stack.data_dir)],
-        capture_output=True, text=True, timeout=600, cwd=tmp_path,
+        [sys.executable, "-m", "pipeline.cli", "demo", "--suite", "miniwob", "--demo-episodes", "4", "--sft-epochs",
+         "1", "--rl-minutes", "0.5", "--eval-episodes", "2", "--no-keep", "--data-dir", str(stack.data_dir)],
+        capture_output=True, text=True, timeout=900, cwd=tmp_path,
     )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    assert "events in ledger" in out.stdout and "dagster assets materialized" in out.stdout
+    for row in ("success untrained", "success after sft", "success after rl", "events in ledger",
+                "dagster assets materialized"):
+        assert row in out.stdout, row
     assert (tmp_path / ".env").exists()
+    assert len(list((tmp_path / ".awrl" / "learning").glob("*/curve.png"))) == 1
+    run_id = next((tmp_path / ".awrl" / "learning").glob("*/curve.json")).parent.name
+    con = connect(stack.settings())
+    stages = con.execute("select stage from evaluations where run_id = $r order by train_s", {"r": run_id}).fetchall()
+    assert [s for (s,) in stages] == ["untrained", "sft", "rl"]
     assert stack.healthy(), "demo must not stop a stack it did not start"
 
 

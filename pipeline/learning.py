@@ -1,0 +1,223 @@
+"""The learning curve: one policy through three stages, each measured the same way.
+
+untrained -> SFT warm start on oracle demonstrations -> async RL (`awrl run`), with the success rate on
+held-out tasks after each stage (independent sampled episodes, Wilson 95% interval: `rollout.evaluate`).
+
+Every stage is an ordinary run in the event log: the demonstrations (`<run>-demos`), each evaluation's
+episodes (`<run>-eval-<stage>`), and the RL run's updates and versions (`<run>`). Each point of the
+curve is an `EvaluationCompleted` event of the RL run, so the curve is in the ledger:
+
+    SELECT stage, success_rate, ci95_low, ci95_high, train_s FROM evaluations WHERE run_id = '<run>'
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from pipeline.bus import EventProducer
+from pipeline.hashing import weights_sha256
+from pipeline.ledger import LedgerWriter, read_events
+from pipeline.settings import StackSettings
+from pipeline.training import RunConfig, RunSummary, run_training
+from rollout.episode import EpisodeConfig
+from rollout.evaluate import EvalResult, evaluate
+from rollout.policy.tiny_vlm import HOME, ensure_tiny_vlm
+from rollout.run import RolloutRequest, run_rollout
+from schemas import EvaluationCompleted
+from trainer.config import TrainConfig
+from trainer.sft import SFTConfig, SFTResult, train_sft
+
+
+@dataclass(frozen=True)
+class LearningConfig:
+    suite: str = "sites"
+    difficulty: str | None = "easy"
+    """Tasks of this difficulty only, for demonstrations, RL and evaluation alike."""
+    demo_episodes: int = 200
+    """Oracle demonstration episodes (train split); only successful ones are cloned."""
+    sft_epochs: int = 3
+    sft_lr: float = 1e-3
+    sft_batch_steps: int = 4
+    """Demonstration steps per SFT optimizer step (small batches: more updates per CPU second)."""
+    rl_minutes: float = 10.0
+    """Wall budget of the async RL stage."""
+    eval_episodes: int = 100
+    eval_split: str | None = None
+    """None: `test` (unseen seeds of the train tasks) for miniwob, `heldout` (unseen templates) for sites."""
+    temperature: float = 0.5
+    """Sampling temperature of RL and evaluation alike. At 1 a 5M-parameter model breaks its JSON too
+    often for any task to succeed (2/30 vs 15/30 at 0.5, the same SFT model); the trainer scores the
+    same tempered distribution, so RL stays on-policy."""
+    workers: int = 2
+    group_size: int = 4
+    train: TrainConfig | None = None
+    """RL hyper-parameters (None: 2 groups per update, lr 2e-4, gradient clip 1, entropy bonus 1e-3 as a
+    guard against format collapse; the temperature is always `temperature`)."""
+    run_id: str = ""
+    out_dir: Path = HOME / "learning"
+    """Models, `curve.json` and `curve.png` go to `<out_dir>/<run_id>/`."""
+
+
+@dataclass
+class CurvePoint:
+    stage: str
+    policy_version: int
+    episodes: int
+    successes: int
+    ci95: tuple[float, float]
+    train_s: float
+    eval_run_id: str
+
+    @property
+    def rate(self) -> float:
+        return self.successes / max(self.episodes, 1)
+
+
+def eval_split(config: LearningConfig) -> str:
+    return config.eval_split or ("test" if config.suite == "miniwob" else "heldout")
+
+
+@dataclass
+class LearningCurve:
+    run_id: str
+    points: list[CurvePoint] = field(default_factory=list)
+    demo_episodes: int = 0
+    demo_successes: int = 0
+    sft: SFTResult | None = None
+    rl: RunSummary | None = None
+    seconds: float = 0.0
+
+    def point(self, stage: str) -> CurvePoint | None:
+        return next((p for p in self.points if p.stage == stage), None)
+
+
+def run_learning(settings: StackSettings, config: LearningConfig,
+                 say: Callable[[str], None] = print) -> LearningCurve:
+    """Run every stage; `say` narrates (each stage shows its own progress bar)."""
+    start = time.monotonic()
+    run_id = config.run_id or f"learn-{uuid.uuid4().hex[:8]}"
+    out = config.out_dir / run_id
+    out.mkdir(parents=True, exist_ok=True)
+    curve = LearningCurve(run_id)
+    producer = EventProducer(settings, client_id="learning")
+    measure = _Evaluator(settings, config, run_id, producer, curve, say)
+    try:
+        measure("untrained", ensure_tiny_vlm(), 0, 0.0)
+
+        say(f"[1/3] {config.demo_episodes} oracle demonstrations ({config.suite}, train split)")
+        demos = run_rollout(settings, RolloutRequest(
+            suite=config.suite, policy="demo", workers=config.workers, group_size=1, episodes=config.demo_episodes,
+            split="train", difficulty=config.difficulty, run_id=f"{run_id}-demos", episode=EpisodeConfig(som=True)))
+        curve.demo_episodes, curve.demo_successes = demos.episodes, demos.successes
+        LedgerWriter(settings).sync(idle_exit_s=3.0)  # SFT reads its demonstrations from the ledger
+
+        say(f"[2/3] SFT warm start on {demos.successes} successful demonstrations")
+        t0 = time.monotonic()
+        curve.sft = train_sft(settings, SFTConfig(
+            run_ids=[f"{run_id}-demos"], out_dir=out / "sft", epochs=config.sft_epochs, lr=config.sft_lr,
+            batch_steps=config.sft_batch_steps), on_step=_sft_progress(say))
+        sft_s = time.monotonic() - t0
+        measure("sft", out / "sft", 0, sft_s)
+
+        say(f"[3/3] async RL for {config.rl_minutes:g} min from the SFT policy")
+        train = (config.train or TrainConfig(run_id=run_id, groups_per_update=2, lr=2e-4, entropy_coef=1e-3)).model_copy(
+            update={"temperature": config.temperature})
+        curve.rl = run_training(settings, RunConfig(
+            mode="async", minutes=config.rl_minutes, suite=config.suite, difficulty=config.difficulty,
+            policy="local", model_dir=out / "sft", workers=config.workers, group_size=config.group_size,
+            train=train, run_id=run_id, log_dir=out / "logs"), on_progress=_rl_progress(say))
+        version, path = _final_checkpoint(settings, run_id)
+        measure("rl", path, version, sft_s + curve.rl.seconds)
+    finally:
+        producer.close()
+    LedgerWriter(settings).sync(idle_exit_s=3.0)  # the curve's events too
+    curve.seconds = time.monotonic() - start
+    (out / "curve.json").write_text(json.dumps(_jsonable(curve), indent=2))
+    from analysis.curves import learning_curve_png
+
+    learning_curve_png(curve.points, out / "curve.png", title=f"{run_id}: {config.suite} {config.difficulty or ''} "
+                       f"{eval_split(config)}, T={config.temperature:g}")
+    return curve
+
+
+@dataclass
+class _Evaluator:
+    settings: StackSettings
+    config: LearningConfig
+    run_id: str
+    producer: EventProducer
+    curve: LearningCurve
+    say: Callable[[str], None]
+
+    def __call__(self, stage: str, model_dir: Path, version: int, train_s: float) -> CurvePoint:
+        c, split = self.config, eval_split(self.config)
+        self.say(f"evaluating the {stage} policy: {c.eval_episodes} episodes, {c.suite} {split} {c.difficulty or ''}")
+        result: EvalResult = evaluate(self.settings, model_dir=model_dir, suite=c.suite, split=split,
+                                      difficulty=c.difficulty, episodes=c.eval_episodes, workers=c.workers,
+                                      temperature=c.temperature, run_id=f"{self.run_id}-eval-{stage}")
+        point = CurvePoint(stage, version, result.episodes, result.successes, result.ci95, train_s, result.run_id)
+        self.curve.points.append(point)
+        self.producer.publish(EvaluationCompleted(
+            run_id=self.run_id, stage=stage, eval_run_id=result.run_id, policy_version=version,
+            checkpoint_sha256=_weights_sha256(model_dir), suite=c.suite, split=split, difficulty=c.difficulty,
+            episodes=result.episodes, successes=result.successes, ci95_low=result.ci95[0], ci95_high=result.ci95[1],
+            train_s=train_s)).get(timeout=60)
+        self.say(f"  {stage}: {result}")
+        return point
+
+
+def _final_checkpoint(settings: StackSettings, run_id: str) -> tuple[int, Path]:
+    """The RL run's last published version, downloaded and verified."""
+    from pipeline.checkpoints import CheckpointStore
+
+    versions = read_events(settings, run_id, "PolicyVersionPublished", ["version", "checkpoint_uri"]).to_pylist()
+    if not versions:
+        raise RuntimeError(f"RL run {run_id} published no version (see its trainer.log)")
+    last = max(versions, key=lambda v: v["version"])
+    return last["version"], CheckpointStore.from_settings(settings).download(last["checkpoint_uri"])
+
+
+def _weights_sha256(model_dir: Path) -> str:
+    from safetensors.torch import load_file
+
+    return weights_sha256(load_file(Path(model_dir) / "model.safetensors"))
+
+
+def _sft_progress(say):
+    last = [0.0]
+
+    def report(step: int, total: int, loss: float) -> None:
+        if time.monotonic() - last[0] > 15 or step == total:
+            last[0] = time.monotonic()
+            say(f"  sft step {step}/{total}  loss {loss:.3f}")
+
+    return report
+
+
+def _rl_progress(say):
+    last = [0.0]
+
+    def report(p) -> None:
+        if time.monotonic() - last[0] > 30:
+            last[0] = time.monotonic()
+            say(f"  rl {time.monotonic() - p.started:5.0f}s  episodes {p.episodes}  success "
+                f"{p.successes / max(p.episodes, 1):.2f}  version {p.version}  updates {len(p.updates)}  "
+                f"dropped {p.dropped}  trainer idle {p.trainer_idle:.0%}")
+
+    return report
+
+
+def _jsonable(curve: LearningCurve) -> dict:
+    return {
+        "run_id": curve.run_id, "seconds": curve.seconds, "demo_episodes": curve.demo_episodes,
+        "demo_successes": curve.demo_successes,
+        "points": [dict(asdict(p), rate=p.rate) for p in curve.points],
+        "sft": None if curve.sft is None else {"demonstrations": curve.sft.demonstrations,
+                                               "loss_first": curve.sft.losses[0], "loss_last": curve.sft.losses[-1]},
+        "rl": None if curve.rl is None else dict(vars(curve.rl), trajectories_per_hour=curve.rl.trajectories_per_hour),
+    }
