@@ -27,7 +27,7 @@ $(VENV)/.installed: pyproject.toml constraints/cpu.txt
 	touch $@
 
 test: setup
-	$(BIN)/python -m pytest -q -ra $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -ra --durations=15 $(PYTEST_ARGS)
 
 test-fast: setup
 	$(BIN)/python -m pytest -q -ra -m "not slow" $(PYTEST_ARGS)

@@ -153,8 +153,41 @@ def report(
     console.print(f"wrote {path}")
 
 
+def lineage(
+    run_id: str = typer.Argument(..., help="The training run."),
+    version: int = typer.Argument(..., help="A policy version the run published."),
+    json: bool = JSON,
+    ledger: str = LEDGER,
+) -> None:
+    """Which updates, trajectories, tasks and behaviour versions produced a checkpoint."""
+    from dataclasses import asdict
+
+    from analysis.lineage import lineage as find
+
+    con = _connect(ledger)
+    try:
+        found = find(con, run_id, version)
+    except KeyError as exc:
+        console.print(f"[bold red]error:[/] {exc.args[0]}")
+        raise typer.Exit(1) from None
+    finally:
+        con.close()
+    if json:
+        typer.echo(jsonlib.dumps(asdict(found), default=_plain))
+        return
+    console.print(f"version {version} of {run_id}: versions {found.versions}, {len(found.updates)} updates, "
+                  f"{len(found.trajectories)} trajectories of {len(found.tasks)} tasks, outcomes {found.outcomes}, "
+                  f"steps by behaviour version {found.behaviour_versions}")
+    table = Table("update", "versions", "trajectories", "loss", "grad norm", "event id")
+    for u in found.updates:
+        table.add_row(str(u["update_step"]), f"{u['version_before']} -> {u['version_after']}", str(u["trajectories"]),
+                      f"{u['loss']:.4g}", f"{u['grad_norm']:.4g}", u["event_id"])
+    console.print(table)
+
+
 def register(app: typer.Typer) -> None:
-    """Add `sql`, `drift` and `report` to `app` (the main `awrl` CLI)."""
+    """Add `sql`, `drift`, `report` and `lineage` to `app` (the main `awrl` CLI)."""
     app.command("sql")(sql)
     app.command("drift")(drift)
     app.command("report")(report)
+    app.command("lineage")(lineage)

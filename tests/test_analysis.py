@@ -328,3 +328,36 @@ def test_learning_curve_from_the_evaluations_view(tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     with pytest.raises(ValueError, match="no evaluations"):
         learning_curve_png([], tmp_path / "empty.png")
+
+
+def test_lineage_lists_exactly_the_updates_recorded_for_a_version(tmp_path, cli):
+    from analysis.lineage import lineage
+    from schemas import PolicyVersionPublished
+
+    run = "lin"
+    events = []
+    for tid, outcome, pv in (("A", "success", 0), ("B", "failure", 0), ("C", "success", 1), ("D", "failure", 2)):
+        events += trajectory(run, tid, f"g{tid}", KETTLE, [(["k"], [pv], pv), (["k"], [pv], pv)], outcome)
+    ups = [update(run, 0, 0, ["A", "B"], {}), update(run, 1, 1, ["C"], {}), update(run, 2, 2, ["D"], {})]
+    versions = [PolicyVersionPublished(run_id=run, version=0, checkpoint_uri="s3://b/v0", checkpoint_sha256=SHA)]
+    versions += [PolicyVersionPublished(run_id=run, version=u.version_after, checkpoint_uri=f"s3://b/v{u.version_after}",
+                                        checkpoint_sha256=SHA, update_step=u.update_step, parent_version=u.version_before,
+                                        update_ids=[u.event_id]) for u in ups]
+    write_ledger(tmp_path / "ledger", events + ups + versions)
+    con = connect(tmp_path / "ledger")
+
+    two = lineage(con, run, 2)
+    assert two.versions == [0, 1, 2]
+    assert [u["event_id"] for u in two.updates] == [ups[0].event_id, ups[1].event_id]
+    assert sorted(two.trajectories) == ["A", "B", "C"] and two.tasks == {"gA": 1, "gB": 1, "gC": 1}
+    assert two.outcomes == {"success": 2, "failure": 1} and two.behaviour_versions == {0: 4, 1: 2}
+    assert lineage(con, run, 0).updates == []
+    assert [u["update_step"] for u in lineage(con, run, 3).updates] == [0, 1, 2]
+    with pytest.raises(KeyError, match="no published version 9"):
+        lineage(con, run, 9)
+    res = cli("lineage", run, 2, "--json", "--ledger", tmp_path / "ledger")
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.output)["versions"] == [0, 1, 2]
+    assert cli("lineage", run, 3, "--ledger", tmp_path / "ledger").exit_code == 0
+    res = cli("lineage", run, 9, "--ledger", tmp_path / "ledger")
+    assert res.exit_code == 1 and "no published version 9" in res.output
