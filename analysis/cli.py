@@ -185,9 +185,47 @@ def lineage(
     console.print(table)
 
 
+def rebatch(
+    run_id: str = typer.Argument(..., help="The training run."),
+    eta: int = typer.Option(2, help="Counterfactual staleness bound."),
+    rule: str = typer.Option("dynamic", "--filter", help="dynamic (drop all-equal rewards), none, or raft."),
+    png: Path = typer.Option(None, help="Also draw the staleness and advantage histograms here."),
+    json: bool = JSON,
+    ledger: str = LEDGER,
+) -> None:
+    """Counterfactual re-batching: which completed groups (trained or dropped) another rule would admit."""
+    from dataclasses import asdict
+
+    from analysis.rebatch import Admission, rebatch as judge
+
+    if rule not in ("dynamic", "none", "raft"):
+        console.print(f"[bold red]error:[/] --filter must be dynamic, none or raft, not {rule!r}")
+        raise typer.Exit(2)
+    con = _connect(ledger)
+    try:
+        found = judge(con, run_id, Admission(eta=eta, filter=rule))
+    finally:
+        con.close()
+    if png:
+        from analysis.curves import rebatch_png
+
+        rebatch_png(found, png)
+    if json:
+        typer.echo(jsonlib.dumps(asdict(found), default=_plain))
+        return
+    console.print(f"{run_id} under eta={eta}, filter={rule}: {len(found.admitted)} of {found.groups} completed "
+                  f"groups admitted; dropped {found.dropped}; the run itself: {found.recorded}")
+    table = Table("version", "groups admitted")
+    for version, n in found.per_version.items():
+        table.add_row(str(version), str(n))
+    console.print(table)
+    console.print(f"staleness (version lag -> groups): {found.staleness}")
+
+
 def register(app: typer.Typer) -> None:
-    """Add `sql`, `drift`, `report` and `lineage` to `app` (the main `awrl` CLI)."""
+    """Add `sql`, `drift`, `report`, `lineage` and `rebatch` to `app` (the main `awrl` CLI)."""
     app.command("sql")(sql)
     app.command("drift")(drift)
     app.command("report")(report)
     app.command("lineage")(lineage)
+    app.command("rebatch")(rebatch)

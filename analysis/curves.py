@@ -1,4 +1,5 @@
-"""A learning curve as a picture: success rate with its 95% interval against training time.
+"""Pictures of training outcomes: a learning curve (success rate with its 95% interval against
+training time) and a re-batching's staleness and advantage histograms.
 
     learning_curve_png(points, Path("curve.png"))                   # points of a run in progress
     learning_curve_png(evaluation_points(con, run), Path("curve.png"))  # or read back from the ledger
@@ -38,6 +39,23 @@ def learning_curve_png(points, path: Path, title: str = "") -> Path:
     ax.set(xlabel="training wall time (min)", ylabel="success rate (95% Wilson CI)", ylim=(-0.02, 1.02),
            title=title or "learning curve")
     ax.grid(alpha=0.3)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def rebatch_png(found, path: Path) -> Path:
+    """`found`: an `analysis.rebatch.Rebatch`."""
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.6))
+    lags = sorted(found.staleness)
+    left.bar([str(k) for k in lags], [found.staleness[k] for k in lags], color="tab:blue")
+    left.set(xlabel="version lag at admission", ylabel="groups", title="staleness of admitted groups")
+    right.hist(found.advantages or [0.0], bins=21, color="tab:green")
+    right.set(xlabel="group advantage", ylabel="trajectories", title="advantages of admitted groups")
+    a = found.admission
+    fig.suptitle(f"{found.run_id}: eta={a.eta}, filter={a.filter}: {len(found.admitted)}/{found.groups} admitted")
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

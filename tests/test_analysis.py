@@ -361,3 +361,50 @@ def test_lineage_lists_exactly_the_updates_recorded_for_a_version(tmp_path, cli)
     assert cli("lineage", run, 3, "--ledger", tmp_path / "ledger").exit_code == 0
     res = cli("lineage", run, 9, "--ledger", tmp_path / "ledger")
     assert res.exit_code == 1 and "no published version 9" in res.output
+
+
+def test_rebatch_judges_every_completed_group_by_the_trainers_filters(tmp_path, cli):
+    from datetime import UTC, datetime, timedelta
+
+    from analysis.rebatch import Admission, rebatch
+    from schemas import GroupDropped, PolicyVersionPublished
+
+    run, t0 = "rb", datetime(2026, 1, 1, tzinfo=UTC)
+
+    def at(seconds):
+        return {"emitted_at": t0 + timedelta(seconds=seconds)}
+
+    versions = [PolicyVersionPublished(run_id=run, version=v, checkpoint_uri=f"s3://b/v{v}", checkpoint_sha256=SHA,
+                                       **at(100 * v)) for v in range(4)]  # v0 at 0 s, v1 at 100 s, ...
+    # (group, completed at s, oldest token version, rewards)
+    spec = [("a", 50, 0, [1.0, 0.0]), ("b", 150, 1, [1.0, 0.0]), ("c", 250, 0, [0.0, 1.0]),
+            ("d", 350, 0, [1.0, 0.0]), ("e", 360, 3, [0.0, 0.0]), ("f", 370, 3, [1.0, 1.0])]
+    events = []
+    for gid, t, oldest, rewards in spec:
+        tids = [f"{gid}{i}" for i in range(len(rewards))]
+        for tid in tids:
+            events += trajectory(run, tid, gid, KETTLE, [(["k"], [oldest], oldest)])
+        events.append(GroupCompleted(run_id=run, group_id=gid, task_id=gid, trajectory_ids=tids, rewards=rewards,
+                                     num_steps=[1] * len(tids), outcomes=["success" if r else "failure" for r in rewards],
+                                     min_policy_version=oldest, max_policy_version=oldest, **at(t)))
+    events += [update(run, 0, 0, ["a0", "a1"], {}).model_copy(update={"group_ids": ["a"]}),
+               GroupDropped(run_id=run, group_id="e", task_id="e", reason="uninformative", trainer_version=3,
+                            min_policy_version=3)]
+    write_ledger(tmp_path / "ledger", events + versions)
+    con = connect(tmp_path / "ledger")
+
+    on_policy = rebatch(con, run, Admission(eta=0))  # current version at completion: a 0, b 1, c 2, d 3, e 3, f 3
+    assert on_policy.admitted == ["a", "b"] and on_policy.dropped == {"stale": 2, "uninformative": 2}
+    assert on_policy.per_version == {0: 1, 1: 1} and on_policy.staleness == {0: 2}
+    assert on_policy.recorded == {"trained": 1, "uninformative": 1}
+    assert rebatch(con, run, Admission(eta=2)).admitted == ["a", "b", "c"]
+    keep_all = rebatch(con, run, Admission(eta=3, filter="none"))
+    assert keep_all.admitted == ["a", "b", "c", "d", "e", "f"] and keep_all.staleness == {0: 4, 2: 1, 3: 1}
+    assert keep_all.advantages[-2:] == [0.0, 0.0]  # an all-equal group teaches nothing
+    assert rebatch(con, run, Admission(eta=3, filter="raft")).admitted == ["a", "b", "c", "d", "f"]
+    res = cli("rebatch", run, "--eta", 0, "--json", "--ledger", tmp_path / "ledger")
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.output)["admitted"] == ["a", "b"]
+    res = cli("rebatch", run, "--png", tmp_path / "rb.png", "--ledger", tmp_path / "ledger")
+    assert res.exit_code == 0 and (tmp_path / "rb.png").read_bytes()[:4] == b"\x89PNG"
+    assert cli("rebatch", run, "--filter", "bogus", "--ledger", tmp_path / "ledger").exit_code == 2
