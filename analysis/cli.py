@@ -222,10 +222,59 @@ def rebatch(
     console.print(f"staleness (version lag -> groups): {found.staleness}")
 
 
+def replay(
+    run_id: str = typer.Argument(..., help="The training run to replay."),
+    variant: str = typer.Option(None, help="A named variant: per_trajectory, 1/k (constant), token, raft, "
+                                           "tight-clip, no-dual-clip."),
+    set_: list[str] = typer.Option([], "--set", help="Config override KEY=VALUE (dotted keys, JSON values), repeatable."),
+    updates: str = typer.Option(None, help="Update steps A..B (inclusive); default all."),
+    out: Path = typer.Option(Path("reports/replay"), help="Directory for replay.md and replay.png."),
+    json: bool = JSON,
+    ledger: str = LEDGER,
+) -> None:
+    """Re-run recorded updates offline from the ledger (bit-exact), optionally through a loss variant."""
+    from rich.progress import Progress
+
+    from analysis.replay import VARIANTS, replay as run, write_report
+
+    if variant and variant not in VARIANTS:
+        console.print(f"[bold red]error:[/] unknown variant {variant!r}; known: {', '.join(VARIANTS)}")
+        raise typer.Exit(2)
+    overrides: dict[str, object] = dict(VARIANTS[variant]) if variant else {}
+    for item in set_:
+        key, _, value = item.partition("=")
+        try:
+            overrides[key] = jsonlib.loads(value)
+        except jsonlib.JSONDecodeError:
+            overrides[key] = value
+    selection = None
+    if updates:
+        a, _, b = updates.partition("..")
+        selection = range(int(a), int(b or a) + 1)
+    with Progress(console=console, transient=True) as progress:
+        task = progress.add_task("replaying", total=None)
+        results = run(_settings(ledger), run_id, overrides or None, selection,
+                      on_batch=lambda i, n, _: progress.update(task, completed=i, total=n))
+    if not results:
+        console.print(f"[bold red]error:[/] run {run_id!r} has no recorded updates in the ledger")
+        raise typer.Exit(1)
+    path = write_report(results, out, f"replay of {run_id}" + (f", variant {overrides}" if overrides else ""))
+    if json:
+        typer.echo(jsonlib.dumps([{"version_before": b.version_before, "exact": b.exact, "kl": b.kl,
+                                   "same": [vars(r) for r in b.same],
+                                   "variant": [vars(r) for r in b.variant] if b.variant else None,
+                                   "recorded": [{"update_step": u.update_step, "loss": u.loss,
+                                                 "grad_norm": u.grad_norm, "weights_sha256": u.weights_sha256}
+                                                for u in b.recorded]} for b in results], default=_plain))
+        return
+    console.print(path.read_text(), markup=False, highlight=False)
+
+
 def register(app: typer.Typer) -> None:
-    """Add `sql`, `drift`, `report`, `lineage` and `rebatch` to `app` (the main `awrl` CLI)."""
+    """Add `sql`, `drift`, `report`, `lineage`, `rebatch` and `replay` to `app` (the main `awrl` CLI)."""
     app.command("sql")(sql)
     app.command("drift")(drift)
     app.command("report")(report)
     app.command("lineage")(lineage)
     app.command("rebatch")(rebatch)
+    app.command("replay")(replay)

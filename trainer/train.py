@@ -119,7 +119,9 @@ def main(argv: list[str] | None = None) -> None:
             loss, stats = _gather_stats(shard_loss, tokens, config, leader)
             compute_s = time.perf_counter() - t0
             if leader:
-                stats.update(groups_dropped=float(sum(builder.stats.dropped.values())), world_size=float(world))
+                # threads: replay needs the same intra-op thread count to reproduce the update bit for bit
+                stats.update(groups_dropped=float(sum(builder.stats.dropped.values())), world_size=float(world),
+                             threads=float(torch.get_num_threads()))
                 updates.append(UpdateApplied(
                     run_id=config.run_id, update_step=update_step, version_before=version,
                     version_after=version + 1 if m == len(minibatches) - 1 else version,

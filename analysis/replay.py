@@ -1,0 +1,261 @@
+"""Replay: re-run a run's recorded updates offline, bit-exact, or through a variant of the loss.
+
+No browser and no broker: everything comes from the ledger and the object store. For each recorded
+batch (the `UpdateApplied` events sharing a `version_before`):
+
+- the batch: the groups the updates name, assembled from the ledger's `StepRecorded` and
+  `GroupCompleted` events by the trainer's own fold (`trainer.batch.GroupAssembler`);
+- the start: the checkpoint of `version_before` and the optimizer state stored beside it;
+- the config: the recorded `config_json`, optionally with `overrides` (a variant);
+- the maths: the trainer's own `flatten`, `shard`, `proximal_logprobs`, `accumulate_gradients`,
+  clip and AdamW step. The recorded world size is emulated: each rank's shard is accumulated alone,
+  then the ranks' gradients are summed as the all-reduce does.
+
+Determinism (CPU): the same intra-op thread count as the trainer (recorded as `stats["threads"]`;
+torchrun gives each of several processes 1 thread), float32, no dropout, deterministic CPU kernels.
+With 1 or 2 ranks the gradient sum is a single addition per element, so loss, gradient norm and the
+resulting weights' sha256 equal the recorded ones exactly; with more ranks the all-reduce's own
+summation order is not reproduced and the last bits may differ.
+
+Each batch is replayed from its recorded start, not from the previous replayed batch: a variant's
+effect is measured one update at a time on the batches the run actually saw.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from pipeline.checkpoints import CheckpointStore
+from pipeline.hashing import weights_sha256
+from pipeline.ledger import read_events
+from pipeline.settings import StackSettings
+from pipeline.store import ScreenshotStore
+from rollout.policy.local import forward_log_softmax, inputs_from_ids, suppressed_token_ids
+from rollout.policy.tiny_vlm import load_tiny_vlm
+from schemas import BY_NAME, UpdateApplied, table_to_events
+from trainer.batch import GroupAssembler, TrainGroup
+from trainer.config import TrainConfig
+from trainer.update import Scorer, StepSample, accumulate_gradients, flatten, proximal_logprobs, shard, update_stats
+
+VARIANTS: dict[str, dict[str, object]] = {
+    "per_trajectory": {"grpo.normalizer": "per_trajectory"},
+    "constant": {"grpo.normalizer": "constant"},
+    "1/k": {"grpo.normalizer": "constant"},
+    "token": {"grpo.normalizer": "token"},
+    "raft": {"loss": "raft"},
+    "tight-clip": {"ppo.eps_low": 0.1, "ppo.eps_high": 0.1},
+    "no-dual-clip": {"ppo.dual_clip": 1e9},
+}
+"""Named variants: config overrides, in `--set` notation."""
+
+
+@dataclass
+class Replayed:
+    """One optimizer step, replayed."""
+
+    update_step: int
+    version_before: int
+    loss: float
+    grad_norm: float
+    weights_sha256: str
+    stats: dict[str, float]
+
+
+class RunLedger:
+    """A run's recorded events, read once, and the stores its updates came from."""
+
+    def __init__(self, settings: StackSettings, run_id: str):
+        self.settings, self.run_id = settings, run_id
+        self.checkpoints = CheckpointStore.from_settings(settings)
+        self.fetch = ScreenshotStore.from_settings(settings).get
+        self.updates: list[UpdateApplied] = sorted(self._events("UpdateApplied"), key=lambda u: u.update_step)
+        self._versions = {v.version: v for v in self._events("PolicyVersionPublished")}
+        self._groups = {g.group_id: g for g in self._events("GroupCompleted")}
+        self._steps = defaultdict(list)
+        for s in self._events("StepRecorded"):
+            self._steps[s.trajectory_id].append(s)
+
+    def _events(self, event_type: str) -> list:
+        return table_to_events(read_events(self.settings, self.run_id, event_type), BY_NAME[event_type])
+
+    def batches(self, updates: range | None = None) -> list[list[UpdateApplied]]:
+        """Recorded updates grouped by batch (`version_before`), optionally only steps in `updates`."""
+        by_version: dict[int, list[UpdateApplied]] = defaultdict(list)
+        for u in self.updates:
+            if updates is None or u.update_step in updates:
+                by_version[u.version_before].append(u)
+        return [by_version[v] for v in sorted(by_version)]
+
+    def groups(self, group_ids: list[str]) -> list[TrainGroup]:
+        """The named groups as the trainer assembled them (its own fold over the same events)."""
+        out = []
+        for gid in group_ids:
+            completed = self._groups[gid]
+            fold = GroupAssembler(self.run_id)
+            for tid in completed.trajectory_ids:
+                for s in self._steps[tid]:
+                    fold.add(s)
+            out.append(fold.add(completed))
+        return out
+
+    def start(self, version: int, config: TrainConfig):
+        """(model, tokenizer, image processor, optimizer) as the trainer held them at `version`."""
+        model, tokenizer, processor = load_tiny_vlm(self.checkpoints.download(self._versions[version].checkpoint_uri))
+        model.train()
+        optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+        with tempfile.TemporaryDirectory() as tmp:
+            state = self.checkpoints.get_state(self.run_id, version, "optimizer.pt", Path(tmp) / "optimizer.pt")
+            if state is not None:
+                optimizer.load_state_dict(torch.load(state))
+        return model, tokenizer, processor, optimizer
+
+
+def with_overrides(config: TrainConfig, overrides: dict[str, object]) -> TrainConfig:
+    """`config` with dotted keys replaced (`grpo.normalizer=token`), validated like any config."""
+    doc = json.loads(config.model_dump_json())
+    for key, value in overrides.items():
+        *path, leaf = key.split(".")
+        node = doc
+        for part in path:
+            node = node[part]
+        if leaf not in node:
+            raise KeyError(f"no config field {key!r}")
+        node[leaf] = value
+    return TrainConfig.model_validate(doc)
+
+
+def replay_batch(ledger: RunLedger, recorded: list[UpdateApplied], overrides: dict[str, object] | None = None
+                 ) -> tuple[list[Replayed], torch.nn.Module, Scorer]:
+    """Replay one recorded batch from its recorded start; the replayed steps and the resulting model."""
+    first = recorded[0]
+    config = with_overrides(TrainConfig.model_validate_json(first.config_json), overrides or {})
+    world = first.world_size
+    torch.set_num_threads(int(first.stats.get("threads", 1 if world > 1 else torch.get_num_threads())))
+    model, tokenizer, processor, optimizer = ledger.start(first.version_before, config)
+    scorer = Scorer(model, tokenizer, processor, suppressed_token_ids(tokenizer), ledger.fetch)
+    minibatches = [ledger.groups(u.group_ids) for u in recorded]
+    flat = [flatten(mb) for mb in minibatches]
+    shards = [[shard(samples, r, world) for r in range(world)] for samples, _ in flat]
+    proximal = ([[proximal_logprobs(scorer, s, config.temperature) for s in ranks] for ranks in shards]
+                if len(recorded) > 1 else None)
+    out = []
+    for m, (u, (_, num_trajectories)) in enumerate(zip(recorded, flat)):
+        optimizer.zero_grad(set_to_none=False)
+        loss, tokens, grads = 0.0, [], []
+        for r in range(world):
+            for p in model.parameters():  # each rank accumulates alone, from zero
+                p.grad = None if world == 1 else torch.zeros_like(p)
+            shard_loss, shard_tokens = accumulate_gradients(scorer, shards[m][r], num_trajectories, first.version_before,
+                                                            config, proximal[m][r] if proximal else None)
+            loss, tokens = loss + shard_loss, tokens + [shard_tokens]
+            grads.append([p.grad for p in model.parameters()])
+        if world > 1:  # the all-reduce: one sum per element, in rank order
+            for i, p in enumerate(model.parameters()):
+                p.grad = sum((g[i] for g in grads[1:]), grads[0][i])
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm).item()
+        optimizer.step()
+        merged = {k: torch.cat([t[k] for t in tokens]) for k in tokens[0]}
+        out.append(Replayed(u.update_step, u.version_before, loss, grad_norm, weights_sha256(model.state_dict()),
+                            update_stats(merged, config)))
+    return out, model, scorer
+
+
+@torch.no_grad()
+def policy_kl(a: Scorer, b: Scorer, samples: list[StepSample], temperature: float = 1.0) -> float:
+    """Mean per-token KL(a || b) of two policies' behaviour distributions on `samples`' response tokens."""
+    total, count = 0.0, 0
+    for s, images in zip(samples, ([a.fetch(h) for h in s.screenshot_sha256] for s in samples)):
+        inputs = inputs_from_ids(a.tokenizer, s.prompt_token_ids + s.response_token_ids, images, a.image_processor)
+        n = len(s.response_token_ids)
+        la = forward_log_softmax(a.model, inputs, n, a.suppress, temperature)  # [n, V]
+        lb = forward_log_softmax(b.model, inputs, n, b.suppress, temperature)  # [n, V]
+        pa = la.exp()
+        total += (pa * torch.where(pa > 0, la - lb, torch.zeros_like(la))).sum().item()
+        count += n
+    return total / max(count, 1)
+
+
+@dataclass
+class BatchReplay:
+    version_before: int
+    recorded: list[UpdateApplied]
+    same: list[Replayed]
+    """The recorded config, replayed."""
+    variant: list[Replayed] | None = None
+    kl: float | None = None
+    """Mean per-token KL(recorded config's result || variant's result) on held-out steps."""
+
+    @property
+    def exact(self) -> bool:
+        return all(r.loss == u.loss and r.grad_norm == u.grad_norm and r.weights_sha256 == u.weights_sha256
+                   for r, u in zip(self.same, self.recorded))
+
+
+def replay(settings: StackSettings, run_id: str, overrides: dict[str, object] | None = None,
+           updates: range | None = None, heldout_steps: int = 16, on_batch=None) -> list[BatchReplay]:
+    """Replay the run's batches (those holding an update step in `updates`); with `overrides`, also
+    the variant and the KL between the two resulting policies on `heldout_steps` steps of other batches."""
+    ledger = RunLedger(settings, run_id)
+    batches = ledger.batches(updates)
+    out = []
+    for i, recorded in enumerate(batches):
+        same, _, scorer = replay_batch(ledger, recorded)
+        result = BatchReplay(recorded[0].version_before, recorded, same)
+        if overrides:
+            result.variant, _, variant_scorer = replay_batch(ledger, recorded, overrides)
+            others = [u for b in ledger.batches() if b[0].version_before != result.version_before for u in b]
+            held = [s for u in others for s in flatten(ledger.groups(u.group_ids))[0]][:heldout_steps]
+            temperature = TrainConfig.model_validate_json(recorded[0].config_json).temperature
+            result.kl = policy_kl(scorer, variant_scorer, held, temperature)
+        out.append(result)
+        if on_batch:
+            on_batch(i + 1, len(batches), result)
+    return out
+
+
+REPORTED = ("loss", "grad_norm", "clip_frac", "weight_mass_failure", "weight_mass_success")
+
+
+def _value(r: Replayed, key: str) -> float:
+    return getattr(r, key) if key in ("loss", "grad_norm") else r.stats.get(key, float("nan"))
+
+
+def write_report(results: list[BatchReplay], out_dir: Path, title: str) -> Path:
+    """Markdown side by side (recorded config vs variant, per optimizer step) and a PNG of the same."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    steps = [(b, s, v) for b in results for s, v in zip(b.same, b.variant or [None] * len(b.same))]
+    lines = [f"# {title}", "", f"Bit-exact replay of the recorded config: "
+             f"{sum(b.exact for b in results)}/{len(results)} batches.", ""]
+    head = ["update", "exact"] + [f"{k} (rec / var)" for k in REPORTED] + ["KL(rec || var)"]
+    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for b, s, v in steps:
+        cells = [str(s.update_step), "yes" if b.exact else "NO"]
+        cells += [f"{_value(s, k):.4g} / {_value(v, k):.4g}" if v else f"{_value(s, k):.4g}" for k in REPORTED]
+        cells.append("-" if b.kl is None else f"{b.kl:.3g}")
+        lines.append("| " + " | ".join(cells) + " |")
+    fig, axes = plt.subplots(1, len(REPORTED), figsize=(3.2 * len(REPORTED), 3))
+    x = [s.update_step for _, s, _ in steps]
+    for ax, key in zip(axes, REPORTED):
+        ax.plot(x, [_value(s, key) for _, s, _ in steps], "o-", label="recorded config")
+        if any(v for _, _, v in steps):
+            ax.plot(x, [_value(v, key) for _, _, v in steps], "s--", label="variant")
+        ax.set(title=key, xlabel="update")
+    axes[0].legend(fontsize=7)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(out_dir / "replay.png", dpi=100)
+    plt.close(fig)
+    lines += ["", "![replay](replay.png)", ""]
+    (out_dir / "replay.md").write_text("\n".join(lines))
+    return out_dir / "replay.md"

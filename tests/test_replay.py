@@ -1,0 +1,85 @@
+"""Replay on the real stack: a short recorded run (2 trainer processes) is re-run offline from the
+ledger and the object store, bit for bit, and through loss variants whose per-token weights on the
+known batch are worked out by hand."""
+
+from __future__ import annotations
+
+import math
+import uuid
+
+import pytest
+
+from analysis.replay import VARIANTS, replay, with_overrides
+from pipeline.ledger import LedgerWriter
+from trainer.config import TrainConfig
+from trainer.launch import launch
+
+from test_train_resume import publish_groups
+
+pytestmark = pytest.mark.timeout(900)
+
+
+@pytest.fixture(scope="module")
+def recorded(stack, tmp_path_factory):
+    """Run `rp-*`: 2 updates of one group each (two one-step trajectories, rewards 1 and 0), 2 processes."""
+    import os
+
+    from pipeline.bus import create_topics
+
+    settings = stack.settings().model_copy(update={"topic_prefix": f"t{uuid.uuid4().hex[:8]}",
+                                                   "ledger_uri": str(tmp_path_factory.mktemp("ledger"))})
+    create_topics(settings)
+    run_id = f"rp-{uuid.uuid4().hex[:6]}"
+    publish_groups(settings, run_id, 2)
+    config = TrainConfig(run_id=run_id, groups_per_update=1, max_updates=2, batch_timeout_s=30)
+    assert launch(config, nproc=2, env={**os.environ, **settings.environ()}) == 0
+    LedgerWriter(settings).sync(idle_exit_s=3.0)
+    return settings, run_id
+
+
+def test_replay_of_the_recorded_config_is_bit_exact(recorded):
+    settings, run_id = recorded
+    results = replay(settings, run_id)
+    assert [b.version_before for b in results] == [0, 1]
+    for b in results:
+        (u,), (r,) = b.recorded, b.same
+        assert u.world_size == 2 and u.stats["threads"] == 1
+        assert (r.loss, r.grad_norm, r.weights_sha256) == (u.loss, u.grad_norm, u.weights_sha256)
+        assert b.exact
+
+
+@pytest.mark.parametrize("variant, failure, success", [
+    ("per_trajectory", 0.5, 0.5),  # N_i = 1/|tau_i| = 1; each step's tokens share 1/(B=2)
+    ("1/k", 0.05, 0.05),  # N_i = 1/k = 1/10, over B = 2 trajectories
+    ("token", None, None),  # 1/(B * 1280) per token: response length / 2560
+])
+def test_variant_weights_match_hand_computed_values(recorded, variant, failure, success):
+    settings, run_id = recorded
+    (b,) = replay(settings, run_id, VARIANTS[variant], updates=range(1, 2), heldout_steps=2)
+    (u,), (v,) = b.recorded, b.variant
+    if variant == "token":
+        steps = {s.trajectory_id: len(s.response_token_ids) for s in _steps(settings, run_id, u.trajectory_ids)}
+        succ, fail = (steps[t] for t in u.trajectory_ids)  # rewards 1, 0 in that order
+        failure, success = fail / 2560, succ / 2560
+    assert math.isclose(v.stats["weight_mass_failure"], failure, rel_tol=1e-6)
+    assert math.isclose(v.stats["weight_mass_success"], success, rel_tol=1e-6)
+    assert b.kl is not None and b.kl >= 0
+    if variant != "1/k":  # the run itself used 1/k (the default): any other weighting moves the weights
+        assert v.weights_sha256 != u.weights_sha256 and b.kl > 0
+
+
+def test_overrides_are_validated():
+    config = TrainConfig(run_id="r")
+    assert with_overrides(config, {"grpo.normalizer": "token", "lr": 0.5}).grpo.normalizer == "token"
+    with pytest.raises(KeyError, match="no config field 'grpo.nope'"):
+        with_overrides(config, {"grpo.nope": 1})
+    with pytest.raises(ValueError):
+        with_overrides(config, {"loss": "sft"})
+
+
+def _steps(settings, run_id, trajectory_ids):
+    from pipeline.ledger import read_events
+    from schemas import StepRecorded, table_to_events
+
+    steps = table_to_events(read_events(settings, run_id, "StepRecorded"), StepRecorded)
+    return [s for s in steps if s.trajectory_id in trajectory_ids]
