@@ -251,7 +251,7 @@ def replay(
     if updates:
         a, _, b = updates.partition("..")
         selection = range(int(a), int(b or a) + 1)
-    with Progress(console=console, transient=True) as progress:
+    with Progress(console=console, transient=True, disable=json) as progress:  # --json: stdout is the JSON
         task = progress.add_task("replaying", total=None)
         results = run(_settings(ledger), run_id, overrides or None, selection,
                       on_batch=lambda i, n, _: progress.update(task, completed=i, total=n))
