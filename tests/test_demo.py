@@ -12,11 +12,13 @@ from pipeline.stack.local import LocalStack
 from pipeline.store import ScreenshotStore
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
 def test_demo_runs_on_the_running_stack(stack, tmp_path):
     """Every stage with a tiny budget: untrained eval, demonstrations, SFT, async RL, evals, ledger, Dagster."""
     out = subprocess.run(
         [sys.executable, "-m", "pipeline.cli", "demo", "--suite", "miniwob", "--demo-episodes", "4", "--sft-epochs",
-         "1", "--rl-minutes", "0.5", "--eval-episodes", "2", "--no-keep", "--data-dir", str(stack.data_dir)],
+         "1", "--rl-minutes", "1", "--eval-episodes", "2", "--no-keep", "--data-dir", str(stack.data_dir)],
         capture_output=True, text=True, timeout=900, cwd=tmp_path,
     )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
@@ -29,6 +31,8 @@ def test_demo_runs_on_the_running_stack(stack, tmp_path):
     con = connect(stack.settings())
     stages = con.execute("select stage from evaluations where run_id = $r order by train_s", {"r": run_id}).fetchall()
     assert [s for (s,) in stages] == ["untrained", "sft", "rl"]
+    (rl_episodes,) = con.execute("select count(*) from trajectories where run_id = $r", {"r": run_id}).fetchone()
+    assert rl_episodes > 0, "the async RL stage ran no episode"
     assert stack.healthy(), "demo must not stop a stack it did not start"
 
 

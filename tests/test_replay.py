@@ -16,7 +16,7 @@ from trainer.launch import launch
 
 from test_train_resume import publish_groups
 
-pytestmark = pytest.mark.timeout(900)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 
 @pytest.fixture(scope="module")
