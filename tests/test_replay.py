@@ -16,7 +16,7 @@ from trainer.launch import launch
 
 from test_train_resume import publish_groups
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+slow = pytest.mark.slow  # everything using the recorded run: a torchrun trainer on the real stack
 
 
 @pytest.fixture(scope="module")
@@ -37,6 +37,8 @@ def recorded(stack, tmp_path_factory):
     return settings, run_id
 
 
+@slow
+@pytest.mark.timeout(900)
 def test_replay_of_the_recorded_config_is_bit_exact(recorded):
     settings, run_id = recorded
     results = replay(settings, run_id)
@@ -48,6 +50,8 @@ def test_replay_of_the_recorded_config_is_bit_exact(recorded):
         assert b.exact
 
 
+@slow
+@pytest.mark.timeout(900)
 @pytest.mark.parametrize("variant, failure, success", [
     ("per_trajectory", 0.5, 0.5),  # N_i = 1/|tau_i| = 1; each step's tokens share 1/(B=2)
     ("1/k", 0.05, 0.05),  # N_i = 1/k = 1/10, over B = 2 trajectories
@@ -85,6 +89,8 @@ def _steps(settings, run_id, trajectory_ids):
     return [s for s in steps if s.trajectory_id in trajectory_ids]
 
 
+@slow
+@pytest.mark.timeout(900)
 def test_replay_cli_writes_the_side_by_side_report(recorded, tmp_path):
     import json
 
