@@ -92,10 +92,11 @@ def _print_status(stack) -> bool:
 def demo(
     data_dir: Path = DATA_DIR,
     suite: str = typer.Option("miniwob", help="Task suite (Easy tasks): miniwob (learns on CPU) or sites."),
-    demo_episodes: int = typer.Option(120, help="Oracle demonstration episodes for the SFT warm start."),
-    sft_epochs: int = typer.Option(3),
-    rl_minutes: float = typer.Option(6.0, help="Wall budget of the async RL stage."),
-    eval_episodes: int = typer.Option(24, help="Held-out episodes per evaluation (the CI shows their spread)."),
+    demo_episodes: int = typer.Option(100, help="Oracle demonstration episodes for the SFT warm start."),
+    sft_epochs: int = typer.Option(4),
+    rl_minutes: float = typer.Option(5.0, help="Wall budget of the async RL stage."),
+    eval_episodes: int = typer.Option(16, help="Held-out episodes per evaluation (the interval shows the spread; "
+                                               "bench/learning.py uses 100)."),
     workers: int = typer.Option(2, help="Browsers in the pool."),
     keep: bool = typer.Option(True, help="Leave the stack running for `dagster dev` and `awrl sql`."),
 ) -> None:

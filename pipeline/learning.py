@@ -56,7 +56,7 @@ class LearningConfig:
     workers: int = 2
     group_size: int = 4
     train: TrainConfig | None = None
-    """RL hyper-parameters (None: 2 groups per update, lr 2e-4, gradient clip 1, entropy bonus 1e-3 as a
+    """RL hyper-parameters (None: 1 group per update, lr 2e-4, gradient clip 1, entropy bonus 1e-3 as a
     guard against format collapse; the temperature is always `temperature`)."""
     run_id: str = ""
     out_dir: Path = HOME / "learning"
@@ -80,6 +80,17 @@ class CurvePoint:
 
 def eval_split(config: LearningConfig) -> str:
     return config.eval_split or ("test" if config.suite == "miniwob" else "heldout")
+
+
+def train_templates(config: LearningConfig) -> tuple[str, ...] | None:
+    """With a `test` evaluation (unseen seeds of train templates), demonstrations and RL use the train
+    tasks of the evaluated templates only: on the others no demonstration exists, every group of a
+    small model fails alike, and dynamic sampling drops it. None (every train task) otherwise."""
+    if eval_split(config) != "test":
+        return None
+    from rollout.run import make_suite
+
+    return tuple(sorted({t.template for t in make_suite(config.suite).tasks("test")}))
 
 
 @dataclass
@@ -109,10 +120,13 @@ def run_learning(settings: StackSettings, config: LearningConfig,
     try:
         measure("untrained", ensure_tiny_vlm(), 0, 0.0)
 
-        say(f"[1/3] {config.demo_episodes} oracle demonstrations ({config.suite}, train split)")
+        templates = train_templates(config)
+        say(f"[1/3] {config.demo_episodes} oracle demonstrations ({config.suite}, train split"
+            f"{f', {len(templates)} templates' if templates else ''})")
         demos = run_rollout(settings, RolloutRequest(
             suite=config.suite, policy="demo", workers=config.workers, group_size=1, episodes=config.demo_episodes,
-            split="train", difficulty=config.difficulty, run_id=f"{run_id}-demos", episode=EpisodeConfig(som=True)))
+            split="train", difficulty=config.difficulty, templates=templates, run_id=f"{run_id}-demos",
+            episode=EpisodeConfig(som=True)))
         curve.demo_episodes, curve.demo_successes = demos.episodes, demos.successes
         LedgerWriter(settings).sync(idle_exit_s=3.0)  # SFT reads its demonstrations from the ledger
 
@@ -125,11 +139,11 @@ def run_learning(settings: StackSettings, config: LearningConfig,
         measure("sft", out / "sft", 0, sft_s)
 
         say(f"[3/3] async RL for {config.rl_minutes:g} min from the SFT policy")
-        train = (config.train or TrainConfig(run_id=run_id, groups_per_update=2, lr=2e-4, entropy_coef=1e-3)).model_copy(
+        train = (config.train or TrainConfig(run_id=run_id, groups_per_update=1, lr=2e-4, entropy_coef=1e-3)).model_copy(
             update={"temperature": config.temperature})
         curve.rl = run_training(settings, RunConfig(
             mode="async", minutes=config.rl_minutes, suite=config.suite, difficulty=config.difficulty,
-            policy="local", model_dir=out / "sft", workers=config.workers, group_size=config.group_size,
+            templates=templates, policy="local", model_dir=out / "sft", workers=config.workers, group_size=config.group_size,
             train=train, run_id=run_id, log_dir=out / "logs"), on_progress=_rl_progress(say))
         version, path = _final_checkpoint(settings, run_id)
         measure("rl", path, version, sft_s + curve.rl.seconds)

@@ -44,6 +44,8 @@ class RunConfig:
     """Wall budget for rollout and training (start-up and the final drain are not counted)."""
     suite: str = "sites"
     difficulty: str | None = "easy"
+    templates: tuple[str, ...] | None = None
+    """Train on tasks of these templates only; None: all of the suite's train split."""
     policy: str = "local"
     """`local` (the tiny VLM samples) or `demo` (the oracle's actions as its tokens, with `noise`)."""
     noise: float = 0.0
@@ -179,7 +181,8 @@ def _request(config: RunConfig, run_id: str, episodes: int | None, eta: int | No
     # The pool samples at the temperature the trainer scores at: the behaviour distribution is one.
     return RolloutRequest(suite=config.suite, policy=config.policy, noise=config.noise, workers=config.workers,
                           group_size=config.group_size, episodes=episodes, difficulty=config.difficulty,
-                          run_id=run_id, model_dir=config.model_dir, episode=EpisodeConfig(som=config.som),
+                          templates=config.templates, run_id=run_id, model_dir=config.model_dir,
+                          episode=EpisodeConfig(som=config.som),
                           eta=eta, groups_per_update=train.groups_per_update, temperature=train.temperature,
                           min_version=min_version, seed=seed, everlasting=config.everlasting)
 

@@ -86,6 +86,8 @@ class RolloutRequest:
     split: str = "train"
     difficulty: str | None = None
     """Dispatch only tasks of this difficulty (easy, medium, hard); None dispatches all."""
+    templates: tuple[str, ...] | None = None
+    """Dispatch only tasks of these templates; None dispatches all."""
     run_id: str = ""
     seed: int = 0
     model_dir: Path | None = None
@@ -123,7 +125,8 @@ def run_rollout(settings: StackSettings, req: RolloutRequest, show_progress: boo
         stop = stop or threading.Event()
         finished = threading.Event()
         if req.dispatch:
-            tasks = [t for t in suite.tasks(req.split) if req.difficulty in (None, t.difficulty)]
+            tasks = [t for t in suite.tasks(req.split) if req.difficulty in (None, t.difficulty)
+                     and (req.templates is None or t.template in req.templates)]
             threading.Thread(target=_dispatch_loop, daemon=True,
                              args=(settings, pool, run_id, task_stream(tasks, seed=req.seed), req, groups, finished)).start()
         threading.Thread(target=lambda: (stop.wait(), finished.is_set() or pool.request_stop()), daemon=True).start()
