@@ -47,14 +47,14 @@ def _train_beside_a_live_rollout(settings, config: TrainConfig, eta: int | None,
 
 def test_torchrun_trains_a_live_run_and_the_pool_picks_up_versions(settings, tmp_path):
     run_id = f"train-{uuid.uuid4().hex[:6]}"
-    config = TrainConfig(run_id=run_id, groups_per_update=1, eta=2, max_updates=5, batch_timeout_s=600)
+    config = TrainConfig(run_id=run_id, groups_per_update=1, eta=2, max_updates=3, batch_timeout_s=600)
     stats, events = _train_beside_a_live_rollout(settings, config, eta=2, nproc=2)
 
     updates = [e for e in events if isinstance(e, UpdateApplied)]
     versions = sorted((e for e in events if isinstance(e, PolicyVersionPublished)), key=lambda e: e.version)
-    assert [u.update_step for u in updates] == list(range(5))
+    assert [u.update_step for u in updates] == list(range(3))
     assert all(u.world_size == 2 and len(u.group_ids) == 1 and u.stats["tokens"] > 0 for u in updates)
-    assert [v.version for v in versions] == list(range(6))
+    assert [v.version for v in versions] == list(range(4))
     # lineage: each version names its parent and the update that produced it, with the same weights hash
     for v, u in zip(versions[1:], updates):
         assert v.parent_version == v.version - 1 and v.update_ids == [u.event_id]
@@ -83,8 +83,8 @@ def test_torchrun_trains_a_live_run_and_the_pool_picks_up_versions(settings, tmp
     ledger = settings.model_copy(update={"ledger_uri": str(tmp_path / "ledger")})
     LedgerWriter(ledger).sync(idle_exit_s=3)
     con = connect(ledger.ledger_uri)
-    assert con.sql(f"select count(*) from updates where run_id = '{run_id}'").fetchall()[0][0] == 5
-    assert con.sql(f"select max(version) from policy_versions where run_id = '{run_id}'").fetchall()[0][0] == 5
+    assert con.sql(f"select count(*) from updates where run_id = '{run_id}'").fetchall()[0][0] == 3
+    assert con.sql(f"select max(version) from policy_versions where run_id = '{run_id}'").fetchall()[0][0] == 3
 
 
 def test_a_slow_trainer_drops_stale_groups_unless_the_dispatcher_pauses(settings):
