@@ -7,8 +7,8 @@ stack records StepRecorded events and their screenshots. The same steps then go 
 broker and store both ways, `reps` times each, alternating:
 
 - reference (what the system does): the event as recorded; assembling a batch = consume the topic,
-  decode each event, fetch its prompt screenshots from S3 by hash (verified against the hash), as the
-  trainer's scorer does;
+  decode each event, fetch its prompt screenshots from S3 by hash (4 at a time, verified against the
+  hash), as the trainer's prefetch does;
 - inline (the ablation): the event's JSON also carries its prompt screenshots as base64; assembling =
   consume, decode, base64-decode.
 
@@ -105,12 +105,14 @@ def _round_trip(settings, store, name: str, values: list[bytes], topic: str) -> 
                     doc = json.loads(r.value)
                     shots = [base64.b64decode(b) for b in doc.pop("prompt_screenshots_b64")]
                     event = decode_event(json.dumps(doc))
-                else:
-                    event = decode_event(r.value)
-                    shots = [store.get(h) for h in event.prompt_screenshot_sha256]  # verified against h
-                if name == "inline":  # the same integrity check the store applies
+                    # the same integrity check the store applies to what it returns
                     assert all(sha256_hex(b) == h for b, h in zip(shots, event.prompt_screenshot_sha256))
+                else:
+                    event, shots = decode_event(r.value), None
                 batch.append((event, shots))
+    if name == "reference":  # fetched concurrently, as the trainer's prefetch does (4 at a time), verified
+        pixels = store.get_many({h for e, _ in batch for h in e.prompt_screenshot_sha256}, workers=4)
+        batch = [(e, [pixels[h] for h in e.prompt_screenshot_sha256]) for e, _ in batch]
     assemble_s = time.perf_counter() - t0
     consumer.close()
     return {"bytes": sum(len(v) for v in values), "produce_s": produce_s, "assemble_s": assemble_s}
