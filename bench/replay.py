@@ -1,13 +1,15 @@
 """Replay wall time vs the original run's wall time for the same updates, side by side in one run.
 
     .venv/bin/python bench/replay.py [--minutes 3] [--nproc 1]
+    .venv/bin/python bench/replay.py --policy local --model-dir SFT_DIR --suite miniwob --minutes 5
 
-A fresh local stack; one `awrl run` (async, the demo policy with noise 0.5 so groups have mixed
-rewards, 2 browsers, G = 2, 1 group per update, dynamic sampling off) for `minutes`; then every
+A fresh local stack; one `awrl run` (async, 2 browsers, G = 2, 1 group per update, dynamic sampling
+off; by default the demo policy with noise 0.5, whose scripted rollouts cost almost nothing, so the
+run is mostly trainer time: the worst case for replay's advantage) for `minutes`; then every
 recorded batch is replayed offline from the ledger and the object store, once with the recorded
 config (checked bit for bit) and once with the 1/|tau| variant. Reports the run's wall time from its
 start to its last update, the trainer's own compute time for those updates, each replay's wall time,
-and the ratios. Writes bench/out/replay.json.
+and the ratios. Writes bench/out/replay-<policy>.json.
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ console = Console()
 OUT = Path(__file__).parent / "out"
 
 
-def main(minutes: float = 3.0, nproc: int = 1) -> None:
+def main(minutes: float = 3.0, nproc: int = 1, policy: str = "demo", model_dir: Path = None,
+         suite: str = "sites", temperature: float = 1.0) -> None:
     from analysis.replay import VARIANTS, replay
     from pipeline.stack.local import LocalStack
     from pipeline.training import RunConfig, run_training
@@ -34,9 +37,10 @@ def main(minutes: float = 3.0, nproc: int = 1) -> None:
         stack = LocalStack.up(Path(d) / "stack", durable=False)
         try:
             settings = stack.settings().model_copy(update={"ledger_uri": str(Path(d) / "ledger")})
-            config = RunConfig(mode="async", minutes=minutes, policy="demo", noise=0.5, workers=2, group_size=2,
-                               nproc=nproc, log_dir=Path(d) / "runs",
-                               train=TrainConfig(run_id="-", groups_per_update=1, dynamic_sampling=False))
+            config = RunConfig(mode="async", minutes=minutes, policy=policy, noise=0.5, workers=2, group_size=2,
+                               nproc=nproc, log_dir=Path(d) / "runs", model_dir=model_dir, suite=suite,
+                               train=TrainConfig(run_id="-", groups_per_update=1, dynamic_sampling=False,
+                                                 temperature=temperature))
             with console.status(f"recording: an async run of {minutes:g} min ..."):
                 summary = run_training(settings, config)
             times = {}
@@ -54,12 +58,12 @@ def main(minutes: float = 3.0, nproc: int = 1) -> None:
             stack.down()
 
     run_wall = summary.seconds
-    record = {"updates": sum(len(b.recorded) for b in results), "batches_exact": exact, "batches": len(results),
+    record = {"policy": policy, "suite": suite, "updates": sum(len(b.recorded) for b in results), "batches_exact": exact, "batches": len(results),
               "run_wall_s": run_wall, "first_to_last_update_s": (last - first).total_seconds(),
               "trainer_compute_s": compute, "replay_s": times,
               "run_wall_over_replay": {k: run_wall / v for k, v in times.items()}}
     OUT.mkdir(exist_ok=True)
-    (OUT / "replay.json").write_text(json.dumps(record, indent=2))
+    (OUT / f"replay-{policy}.json").write_text(json.dumps(record, indent=2))
     console.print(f"{record['updates']} updates; bit-exact {exact}/{len(results)} batches")
     console.print(f"run wall {run_wall:.0f} s (trainer compute {compute:.0f} s of it)")
     for name, s in times.items():
