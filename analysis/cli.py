@@ -251,6 +251,14 @@ def replay(
     if updates:
         a, _, b = updates.partition("..")
         selection = range(int(a), int(b or a) + 1)
+    try:
+        from analysis.replay import with_overrides
+        from trainer.config import TrainConfig
+
+        with_overrides(TrainConfig(run_id="-"), overrides)  # fail fast, before any model is loaded
+    except (KeyError, ValueError) as exc:
+        console.print(f"[bold red]error:[/] {exc}")
+        raise typer.Exit(2) from None
     with Progress(console=console, transient=True, disable=json) as progress:  # --json: stdout is the JSON
         task = progress.add_task("replaying", total=None)
         results = run(_settings(ledger), run_id, overrides or None, selection,

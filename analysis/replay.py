@@ -116,10 +116,18 @@ class RunLedger:
         return model, tokenizer, processor, optimizer
 
 
+BATCH_KEYS = frozenset({"eta", "dynamic_sampling", "groups_per_update", "minibatches"})
+"""Settings that decide which groups form a batch: a replay keeps the recorded batches, so these are
+answered by `analysis.rebatch` (`awrl rebatch`) instead."""
+
+
 def with_overrides(config: TrainConfig, overrides: dict[str, object]) -> TrainConfig:
     """`config` with dotted keys replaced (`grpo.normalizer=token`), validated like any config."""
     doc = json.loads(config.model_dump_json())
     for key, value in overrides.items():
+        if key in BATCH_KEYS:
+            raise KeyError(f"{key!r} changes which groups form a batch; replay keeps the recorded batches "
+                           f"(use `awrl rebatch` for it)")
         *path, leaf = key.split(".")
         node = doc
         for part in path:

@@ -79,6 +79,8 @@ def test_overrides_are_validated():
         with_overrides(config, {"grpo.nope": 1})
     with pytest.raises(ValueError):
         with_overrides(config, {"loss": "sft"})
+    with pytest.raises(KeyError, match="awrl rebatch"):
+        with_overrides(config, {"eta": 0})
 
 
 def _steps(settings, run_id, trajectory_ids):
