@@ -23,9 +23,11 @@ effect is measured one update at a time on the batches the run actually saw.
 
 from __future__ import annotations
 
+import itertools
 import json
 import tempfile
 from collections import defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -178,7 +180,8 @@ def replay_batch(ledger: RunLedger, recorded: list[UpdateApplied], overrides: di
 def policy_kl(a: Scorer, b: Scorer, samples: list[StepSample], temperature: float = 1.0) -> float:
     """Mean per-token KL(a || b) of two policies' behaviour distributions on `samples`' response tokens."""
     total, count = 0.0, 0
-    for s, images in zip(samples, ([a.fetch(h) for h in s.screenshot_sha256] for s in samples)):
+    for s in samples:
+        images = [a.fetch(h) for h in s.screenshot_sha256]
         inputs = inputs_from_ids(a.tokenizer, s.prompt_token_ids + s.response_token_ids, images, a.image_processor)
         n = len(s.response_token_ids)
         la = forward_log_softmax(a.model, inputs, n, a.suppress, temperature)  # [n, V]
@@ -217,14 +220,21 @@ def replay(settings: StackSettings, run_id: str, overrides: dict[str, object] | 
         result = BatchReplay(recorded[0].version_before, recorded, same)
         if overrides:
             result.variant, _, variant_scorer = replay_batch(ledger, recorded, overrides)
-            others = [u for b in ledger.batches() if b[0].version_before != result.version_before for u in b]
-            held = [s for u in others for s in flatten(ledger.groups(u.group_ids))[0]][:heldout_steps]
+            held = list(itertools.islice(_heldout(ledger, result.version_before), heldout_steps))
             temperature = TrainConfig.model_validate_json(recorded[0].config_json).temperature
             result.kl = policy_kl(scorer, variant_scorer, held, temperature)
         out.append(result)
         if on_batch:
             on_batch(i + 1, len(batches), result)
     return out
+
+
+def _heldout(ledger: RunLedger, version_before: int) -> Iterator[StepSample]:
+    """Steps of the run's other batches, assembled only as far as they are consumed."""
+    for batch in ledger.batches():
+        if batch[0].version_before != version_before:
+            for u in batch:
+                yield from flatten(ledger.groups(u.group_ids))[0]
 
 
 REPORTED = ("loss", "grad_norm", "clip_frac", "weight_mass_failure", "weight_mass_success")

@@ -202,28 +202,28 @@ def _weights_sha256(model_dir: Path) -> str:
     return weights_sha256(load_file(Path(model_dir) / "model.safetensors"))
 
 
-def _sft_progress(say):
+def _every(seconds: float, report):
+    """`report`, called at most once per `seconds` (and always when `final` is true)."""
     last = [0.0]
 
-    def report(step: int, total: int, loss: float) -> None:
-        if time.monotonic() - last[0] > 15 or step == total:
+    def call(*args, final: bool = False) -> None:
+        if final or time.monotonic() - last[0] > seconds:
             last[0] = time.monotonic()
-            say(f"  sft step {step}/{total}  loss {loss:.3f}")
+            report(*args)
 
-    return report
+    return call
+
+
+def _sft_progress(say):
+    report = _every(15, lambda step, total, loss: say(f"  sft step {step}/{total}  loss {loss:.3f}"))
+    return lambda step, total, loss: report(step, total, loss, final=step == total)
 
 
 def _rl_progress(say):
-    last = [0.0]
-
-    def report(p) -> None:
-        if time.monotonic() - last[0] > 30:
-            last[0] = time.monotonic()
-            say(f"  rl {time.monotonic() - p.started:5.0f}s  episodes {p.episodes}  success "
-                f"{p.successes / max(p.episodes, 1):.2f}  version {p.version}  updates {len(p.updates)}  "
-                f"dropped {p.dropped}  trainer idle {p.trainer_idle:.0%}")
-
-    return report
+    return _every(30, lambda p: say(
+        f"  rl {time.monotonic() - p.started:5.0f}s  episodes {p.episodes}  success "
+        f"{p.successes / max(p.episodes, 1):.2f}  version {p.version}  updates {len(p.updates)}  "
+        f"dropped {p.dropped}  trainer idle {p.trainer_idle:.0%}"))
 
 
 def _jsonable(curve: LearningCurve) -> dict:
