@@ -8,6 +8,7 @@ dead-letter topic with the reason in headers, and the consumer moves on.
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 from collections.abc import Iterable
@@ -15,7 +16,7 @@ from dataclasses import dataclass
 
 from kafka import KafkaConsumer, KafkaProducer
 from kafka.admin import KafkaAdminClient, NewTopic
-from kafka.errors import TopicAlreadyExistsError
+from kafka.errors import CommitFailedError, TopicAlreadyExistsError
 from kafka.structs import OffsetAndMetadata, TopicPartition
 from pydantic import ValidationError
 
@@ -50,11 +51,16 @@ def create_topics(settings: StackSettings, topics: Iterable[Topic] = ALL_TOPICS)
 
 
 class EventProducer:
-    """Publishes events to their topic, keyed for per-group order, acknowledged by all replicas."""
+    """Publishes events to their topic, keyed for per-group order, acknowledged by all replicas.
+
+    A send the broker did not acknowledge fails its future; nothing reports it as sent. After any
+    failure the next send starts a fresh Kafka producer: a restarted broker that lost its state
+    (Tansu in memory) refuses the old producer id for good, which kafka-python treats as fatal.
+    """
 
     def __init__(self, settings: StackSettings, client_id: str = "awrl", linger_ms: int = 5):
         self.settings = settings
-        self._kafka = KafkaProducer(
+        self._config = dict(
             bootstrap_servers=settings.kafka_bootstrap,
             client_id=client_id,
             acks="all",
@@ -64,6 +70,13 @@ class EventProducer:
             max_request_size=16 * 1024 * 1024,
             compression_type=settings.kafka_compression,
         )
+        self._kafka = KafkaProducer(**self._config)
+        self._lock = threading.Lock()
+        self._failed = False
+        self.failures = 0
+        """Sends the broker never acknowledged."""
+        self.restarts = 0
+        """Fresh Kafka producers started after failures."""
 
     def publish(self, event: Event):
         """Send asynchronously; the returned future raises if the broker never acknowledged it."""
@@ -82,7 +95,22 @@ class EventProducer:
         return len(futures)
 
     def send_raw(self, topic: Topic, value: bytes, key: bytes | None = None, headers: Headers | None = None):
-        return self._kafka.send(topic_name(self.settings, topic), value=value, key=key, headers=headers or [])
+        with self._lock:
+            if self._failed:
+                self._restart()
+            future = self._kafka.send(topic_name(self.settings, topic), value=value, key=key, headers=headers or [])
+        return future.add_errback(self._on_failure)
+
+    def _on_failure(self, _exc: BaseException) -> None:
+        self.failures += 1
+        self._failed = True
+
+    def _restart(self) -> None:
+        old, self._kafka = self._kafka, KafkaProducer(**self._config)
+        self._failed = False
+        self.restarts += 1
+        # Its unsent batches fail (their futures say so); closing must not block the sender.
+        threading.Thread(target=old.close, kwargs={"timeout": 0}, daemon=True).start()
 
     def flush(self, timeout: float | None = None) -> None:
         self._kafka.flush(timeout=timeout)
@@ -120,6 +148,10 @@ class EventConsumer:
         self._topics = {topic_name(settings, t): t for t in topics}
         self._dead_letters = producer
         self.dead_lettered = 0
+        self._cluster_id: str | None = None
+        self.broker_replacements = 0
+        self.failed_commits = 0
+        """Times the broker came back with a new cluster id (its log lost) and we re-read from the start."""
         # Short session timeout: the group forms in ~3 s instead of ~23 s (measured against the
         # local broker); heartbeats keep a slow handler's member alive.
         self._kafka = KafkaConsumer(
@@ -137,6 +169,8 @@ class EventConsumer:
 
     def poll(self, timeout_ms: int = 1000, max_records: int | None = None) -> list[Delivered]:
         batches = self._kafka.poll(timeout_ms=timeout_ms, max_records=max_records)
+        if self._broker_replaced():
+            return []
         out: list[Delivered] = []
         rejected = []
         for tp, records in batches.items():
@@ -152,6 +186,19 @@ class EventConsumer:
         self.dead_lettered += len(rejected)
         return out
 
+    def _broker_replaced(self) -> bool:
+        """Whether the cluster id changed: a broker that lost its log (Tansu in memory, restarted with a
+        new id) numbers offsets from 0 again, and a position from before could skip new events. Read
+        every partition again from the start instead (consumers are idempotent by event id)."""
+        cluster_id = getattr(self._kafka._client.cluster, "cluster_id", None)  # no public accessor
+        if cluster_id is None or cluster_id == self._cluster_id:
+            return False
+        replaced, self._cluster_id = self._cluster_id is not None, cluster_id
+        if replaced and self._kafka.assignment():
+            self._kafka.seek_to_beginning(*self._kafka.assignment())
+        self.broker_replacements += replaced
+        return replaced
+
     def _dead_letter(self, record, reason: str):
         headers: Headers = [
             ("reason", reason[:2000].encode()),
@@ -162,12 +209,20 @@ class EventConsumer:
         ]
         return self._dead_letters.send_raw(DEAD_LETTER, record.value or b"", record.key, headers)
 
-    def commit(self, offsets: dict[tuple[str, int], int] | None = None) -> None:
-        """Commit every position `poll()` reached, or exactly `{(topic, partition): next_offset}`."""
-        if offsets is None:
-            self._kafka.commit()
-            return
-        self._kafka.commit({TopicPartition(t, p): OffsetAndMetadata(o, "", -1) for (t, p), o in offsets.items()})
+    def commit(self, offsets: dict[tuple[str, int], int] | None = None) -> bool:
+        """Commit every position `poll()` reached, or exactly `{(topic, partition): next_offset}`.
+
+        False when the group no longer knows this member (a rebalance, a restarted broker): the
+        messages will be delivered again, which every consumer here absorbs by event id."""
+        try:
+            if offsets is None:
+                self._kafka.commit()
+            else:
+                self._kafka.commit({TopicPartition(t, p): OffsetAndMetadata(o, "", -1) for (t, p), o in offsets.items()})
+        except CommitFailedError:
+            self.failed_commits += 1
+            return False
+        return True
 
     @property
     def assigned(self) -> bool:

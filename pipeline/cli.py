@@ -185,6 +185,9 @@ def rollout(
     eta: int = typer.Option(None, help="Staleness bound: dispatch only what a trainer with this eta can use."),
     groups_per_update: int = typer.Option(4, help="The trainer's groups per update (with --eta)."),
     seed: int = typer.Option(0),
+    journal: Path = typer.Option(Path(".awrl/rollout-journal"), envvar="AWRL_ROLLOUT_JOURNAL",
+                                 help="Open-episode journals of this host's pools (a killed pool's episodes "
+                                      "are ended as env_error by the next pool)."),
 ) -> None:
     """Drive real browsers through a task suite with a policy; every step goes to the event log."""
     from pipeline.settings import StackSettings
@@ -196,7 +199,7 @@ def rollout(
                          difficulty=difficulty,
                          run_id=run_id, seed=seed, model_dir=model_dir, vllm_url=vllm_url,
                          episode=EpisodeConfig(som=som), eta=eta, groups_per_update=groups_per_update,
-                         noise=noise)
+                         noise=noise, journal_dir=journal)
     stats = run_rollout(StackSettings(), req)
     console.print(f"episodes {stats.episodes}  success {stats.successes / max(stats.episodes, 1):.3f}  "
                   f"env_errors {stats.env_errors}  steps {stats.steps}  steps/s {stats.steps_per_s:.2f}")

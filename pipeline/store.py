@@ -8,18 +8,89 @@ through the event log: events carry only the hash (the paper's ~700 s -> ~1 s pe
 from __future__ import annotations
 
 import io
-from collections.abc import Iterable
+import logging
+import time
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import TypeVar
 
+import tenacity
+import urllib3
 from minio import Minio
-from minio.error import S3Error
+from minio.error import InvalidResponseError, S3Error, ServerError
 
 from pipeline.hashing import sha256_hex
 from pipeline.settings import StackSettings
 
 MAX_SCREENSHOT_BYTES = 16 * 1024 * 1024
 """Larger "screenshots" are rejected: a 4K PNG is ~10 MB, anything bigger is a bug or an attack."""
+
+
+STORE_PATIENCE_S = 600.0
+"""How long a writer waits out an unreachable or full object store before it gives up."""
+_FULL = ("QuotaExceeded", "XMinioStorageFull", "XMinioAdminBucketQuotaExceeded")
+_BUSY = ("SlowDown", "ServiceUnavailable", "InternalError", "RequestTimeout")
+log = logging.getLogger("awrl.store")
+T = TypeVar("T")
+
+
+class StoreUnavailable(RuntimeError):
+    """The object store stayed unreachable or full for longer than the caller would wait."""
+
+
+def store_trouble(exc: BaseException) -> str | None:
+    """Why `exc` is worth waiting out ("full" or "unreachable"), or None for a real error."""
+    if isinstance(exc, S3Error):
+        return "full" if exc.code in _FULL else "unreachable" if exc.code in _BUSY else None
+    if isinstance(exc, ServerError | InvalidResponseError | urllib3.exceptions.HTTPError | ConnectionError):
+        return "unreachable"
+    return None
+
+
+def patiently(fn: Callable[[], T], what: str, patience_s: float = STORE_PATIENCE_S,
+              on_wait: Callable[[float], None] | None = None) -> T:
+    """`fn()`, retried with backoff while the store is unreachable or full, for up to `patience_s`.
+
+    The paper's system deadlocked when its screenshot disk filled up. Here a writer pauses, says
+    why (once, then every ~30 s), and resumes by itself when space is freed or the store is back;
+    after `patience_s` it raises `StoreUnavailable` naming the cause. `on_wait(seconds)` gets the
+    length of the pause, from the first attempt to the end (the writer's pause accounting)."""
+    started = time.monotonic()
+    last_said = [float("-inf")]
+    paused = [False]
+
+    def before_sleep(state: tenacity.RetryCallState) -> None:
+        exc = state.outcome.exception()
+        if time.monotonic() - last_said[0] > 30:
+            log.warning("object store %s while %s (%s); paused, retrying for up to %.0f s",
+                        store_trouble(exc), what, _short(exc), patience_s - (time.monotonic() - started))
+            last_said[0] = time.monotonic()
+        paused[0] = True
+
+    try:
+        for attempt in tenacity.Retrying(
+            retry=tenacity.retry_if_exception(lambda e: store_trouble(e) is not None),
+            wait=tenacity.wait_exponential(multiplier=0.25, max=5), stop=tenacity.stop_after_delay(patience_s),
+            before_sleep=before_sleep, reraise=True,
+        ):
+            with attempt:
+                return fn()
+    except Exception as exc:
+        if store_trouble(exc) is None:
+            raise
+        raise StoreUnavailable(f"object store {store_trouble(exc)} for {time.monotonic() - started:.0f} s "
+                               f"while {what}: {_short(exc)}") from exc
+    finally:
+        if paused[0] and on_wait is not None:
+            on_wait(time.monotonic() - started)
+    raise AssertionError("unreachable")
+
+
+def _short(exc: BaseException) -> str:
+    if isinstance(exc, S3Error):
+        return f"{exc.code} on bucket {exc.bucket_name}"
+    return f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else '-'}"
 
 
 def minio_client(settings: StackSettings) -> Minio:
@@ -35,6 +106,14 @@ class ScreenshotMissing(KeyError):
     """No object under this hash."""
 
 
+class ScreenshotTooLarge(ValueError):
+    """The image is over `MAX_SCREENSHOT_BYTES`; nothing was stored."""
+
+    def __init__(self, size: int, limit: int = MAX_SCREENSHOT_BYTES):
+        super().__init__(f"screenshot of {size} bytes exceeds the {limit}-byte limit")
+        self.size, self.limit = size, limit
+
+
 @dataclass
 class StoreStats:
     puts: int = 0
@@ -42,18 +121,25 @@ class StoreStats:
     dedup_hits: int = 0
     """Puts skipped because the hash was already stored."""
     bytes_uploaded: int = 0
+    waited_s: float = 0.0
+    """Time spent paused because the store was unreachable or full."""
 
 
 class ScreenshotStore:
-    def __init__(self, client: Minio, bucket: str, prefix: str = "screenshots/sha256"):
+    def __init__(self, client: Minio, bucket: str, prefix: str = "screenshots/sha256",
+                 patience_s: float = STORE_PATIENCE_S):
         self.client = client
         self.bucket = bucket
         self.prefix = prefix
+        self.patience_s = patience_s
         self.stats = StoreStats()
 
     @classmethod
-    def from_settings(cls, settings: StackSettings) -> ScreenshotStore:
-        return cls(minio_client(settings), settings.s3_bucket)
+    def from_settings(cls, settings: StackSettings, patience_s: float = STORE_PATIENCE_S) -> ScreenshotStore:
+        return cls(minio_client(settings), settings.s3_bucket, patience_s=patience_s)
+
+    def _waited(self, seconds: float) -> None:
+        self.stats.waited_s += seconds
 
     def ensure_bucket(self) -> None:
         if not self.client.bucket_exists(self.bucket):
@@ -78,12 +164,14 @@ class ScreenshotStore:
     def put(self, data: bytes, content_type: str = "image/png") -> str:
         """Store `data` under its sha256 unless already there; return the hash."""
         if len(data) > MAX_SCREENSHOT_BYTES:
-            raise ValueError(f"screenshot of {len(data)} bytes exceeds the {MAX_SCREENSHOT_BYTES}-byte limit")
+            raise ScreenshotTooLarge(len(data))
         digest = sha256_hex(data)
-        if self.exists(digest):
+        if patiently(lambda: self.exists(digest), "checking a screenshot", self.patience_s, self._waited):
             self.stats.dedup_hits += 1
             return digest
-        self.client.put_object(self.bucket, self.key(digest), io.BytesIO(data), len(data), content_type=content_type)
+        patiently(lambda: self.client.put_object(self.bucket, self.key(digest), io.BytesIO(data), len(data),
+                                                 content_type=content_type),
+                  "storing a screenshot", self.patience_s, self._waited)
         self.stats.puts += 1
         self.stats.bytes_uploaded += len(data)
         return digest
@@ -95,6 +183,13 @@ class ScreenshotStore:
 
     def get(self, sha256: str) -> bytes:
         """The bytes stored under `sha256`, verified; raises ScreenshotCorrupted on mismatch."""
+        data = patiently(lambda: self._fetch(sha256), "reading a screenshot", self.patience_s, self._waited)
+        actual = sha256_hex(data)
+        if actual != sha256:
+            raise ScreenshotCorrupted(f"object {self.key(sha256)} hashes to {actual}")
+        return data
+
+    def _fetch(self, sha256: str) -> bytes:
         try:
             resp = self.client.get_object(self.bucket, self.key(sha256))
         except S3Error as exc:
@@ -102,14 +197,10 @@ class ScreenshotStore:
                 raise ScreenshotMissing(sha256) from None
             raise
         try:
-            data = resp.read()
+            return resp.read()
         finally:
             resp.close()
             resp.release_conn()
-        actual = sha256_hex(data)
-        if actual != sha256:
-            raise ScreenshotCorrupted(f"object {self.key(sha256)} hashes to {actual}")
-        return data
 
     def get_many(self, hashes: Iterable[str], workers: int = 8) -> dict[str, bytes]:
         """Fetch distinct hashes in parallel (the trainer's batch fetch); any corruption raises."""

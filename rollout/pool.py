@@ -15,15 +15,18 @@ import time
 import uuid
 from collections import defaultdict
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from playwright.async_api import async_playwright
 
 from pipeline.bus import EventConsumer, EventProducer
+from pipeline.hashing import sha256_hex
 from pipeline.settings import StackSettings
 from pipeline.store import ScreenshotStore
 from pipeline.topics import TASKS, TRAINER
 from rollout.browser import BrowserConfig, BrowserWorker
 from rollout.episode import EpisodeConfig, EpisodeContext, run_episode
+from rollout.journal import EpisodeJournal, reap
 from rollout.types import Policy, Suite, Task
 from schemas import (
     EpisodeFinished,
@@ -49,6 +52,9 @@ class PoolConfig:
     episode: EpisodeConfig = EpisodeConfig()
     everlasting: bool = True
     """Keep each browser for the whole run; False relaunches it after every episode (the ablation)."""
+    journal_dir: Path | None = Path(".awrl/rollout-journal")
+    """Open-episode journals of the pools on this host (`rollout.journal`): a killed pool's open
+    episodes are ended as env_error by the next pool to look. None: no journal."""
 
 
 @dataclass
@@ -69,6 +75,12 @@ class PoolStats:
     """Worker time spent on episodes and on completing their groups (summed over workers)."""
     record_s: float = 0.0
     """Of `busy_s`, the time spent recording: storing screenshots, publishing events, awaiting acks."""
+    orphans_closed: int = 0
+    """Episodes of dead pool processes this pool ended as env_error."""
+    groups_rerun: int = 0
+    """Groups run again because the broker did not acknowledge all their events."""
+    store_waited_s: float = 0.0
+    """Time paused because the object store was unreachable or full."""
     started: float = field(default_factory=time.monotonic)
 
     @property
@@ -100,12 +112,18 @@ class RolloutPool:
         self._stop = threading.Event()
         self._stop_requested = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
+        # Journals are per deployment (broker + topic prefix): a reaper publishes where the dead pool did.
+        self._journals = (config.journal_dir / sha256_hex(f"{settings.kafka_bootstrap}/{settings.topic_prefix}".encode())[:16]
+                          if config.journal_dir is not None else None)
+        self.journal = EpisodeJournal(self._journals) if self._journals is not None else None
 
     # -- public ----------------------------------------------------------------------------------
     async def run(self, max_groups: int | None = None, on_progress=None) -> PoolStats:
         """Run until `max_groups` groups completed (forever if None)."""
         loop = asyncio.get_running_loop()
+        self._reap()
         jobs: asyncio.Queue = asyncio.Queue()
+        self._jobs = jobs
         capacity = threading.Semaphore(max(1, self.config.workers // 2) + 1)
         feeder = threading.Thread(target=self._feed, args=(loop, jobs, capacity), daemon=True)
         watcher = threading.Thread(target=self._watch_versions, daemon=True)
@@ -127,7 +145,10 @@ class RolloutPool:
         self._stop.set()
         self.stats.screenshots_uploaded = self.store.stats.puts
         self.stats.screenshot_dedup_hits = self.store.stats.dedup_hits
+        self.stats.store_waited_s = self.store.stats.waited_s
         feeder.join(timeout=30), watcher.join(timeout=10)
+        if self.journal is not None:
+            self.journal.close()
         self.producer.close()
         return self.stats
 
@@ -175,7 +196,14 @@ class RolloutPool:
         elif isinstance(event, EpisodeStarted):
             group.versions.add(event.policy_version)
         group.acks.append(self.producer.publish(event))
+        if self.journal is not None:
+            self.journal.record(event)
         self.stats.record_s += time.perf_counter() - t0
+
+    def _reap(self) -> None:
+        """End the open episodes of pool processes on this host that died."""
+        if self._journals is not None:
+            self.stats.orphans_closed += reap(self._journals, self.producer.publish_all)
 
     def _count(self, f: EpisodeFinished) -> None:
         s = self.stats
@@ -198,8 +226,17 @@ class RolloutPool:
         # Every step of the group must be acknowledged before the group is announced complete.
         t0 = time.perf_counter()
         acks = group.acks + [self.producer.publish(completed)]
-        await asyncio.to_thread(lambda: [f.get(timeout=60) for f in acks])
-        self.stats.record_s += time.perf_counter() - t0
+        try:
+            await asyncio.to_thread(lambda: [f.get(timeout=60) for f in acks])
+        except Exception as exc:  # part of it never reached the log: run the whole group again
+            print(f"rollout: group {d.group_id} not acknowledged by the broker ({type(exc).__name__}); running it again")
+            self.stats.groups_rerun += 1
+            group.results, group.acks, group.versions = [], [], set()
+            for _ in range(d.group_size):
+                self._jobs.put_nowait(group)
+            return
+        finally:
+            self.stats.record_s += time.perf_counter() - t0
         self._done_offsets.append(group.offset)
         self.stats.groups += 1
         self._capacity.release()
@@ -227,8 +264,12 @@ class RolloutPool:
         consumer = EventConsumer(self.settings, self.config.consumer_group, [TASKS], self.producer,
                                  client_id="rollout")
         tracker = _OffsetTracker()
+        reaped_at = time.monotonic()
         try:
             while not self._stop.is_set():
+                if time.monotonic() - reaped_at > 10:  # a peer on this host may have died meanwhile
+                    self._reap()
+                    reaped_at = time.monotonic()
                 while self._done_offsets:
                     tracker.done(*self._done_offsets.pop())
                 if tracker.committable:

@@ -105,6 +105,8 @@ class RolloutRequest:
     """Dispatch groups at this policy version at least: the pool loads it before sampling them."""
     everlasting: bool = True
     """Keep browsers for the whole run (False: relaunch after every episode, an ablation)."""
+    journal_dir: Path | None = Path(".awrl/rollout-journal")
+    """Where this host's pools keep their open-episode journals (`rollout.journal`)."""
 
 
 def run_rollout(settings: StackSettings, req: RolloutRequest, show_progress: bool = True,
@@ -120,7 +122,8 @@ def run_rollout(settings: StackSettings, req: RolloutRequest, show_progress: boo
                              temperature=req.temperature)
         pool = RolloutPool(settings, {suite.name: suite}, policy,
                            PoolConfig(workers=req.workers, episode=req.episode, run_id=run_id,
-                                      consumer_group=f"rollout-{run_id}", everlasting=req.everlasting))
+                                      consumer_group=f"rollout-{run_id}", everlasting=req.everlasting,
+                                      journal_dir=req.journal_dir))
         groups = None if req.episodes is None else math.ceil(req.episodes / req.group_size)
         stop = stop or threading.Event()
         finished = threading.Event()

@@ -25,3 +25,12 @@ def settings(stack: LocalStack) -> StackSettings:
     s = stack.settings().model_copy(update={"topic_prefix": f"t{uuid.uuid4().hex[:8]}"})
     create_topics(s)
     return s
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The fault matrix's accounting table, when fault tests ran."""
+    from faults import TABLE, markdown
+
+    if TABLE:
+        terminalreporter.write_sep("=", "fault matrix: events produced vs rows in the ledger")
+        terminalreporter.write_line(markdown(TABLE))

@@ -10,7 +10,7 @@ from minio.error import S3Error
 
 from pipeline.hashing import sha256_hex
 from pipeline.samples import render_page
-from pipeline.store import ScreenshotCorrupted, ScreenshotStore
+from pipeline.store import MAX_SCREENSHOT_BYTES, ScreenshotCorrupted, ScreenshotStore, ScreenshotTooLarge
 
 
 @pytest.fixture(scope="module")
@@ -41,8 +41,11 @@ def test_tampered_object_fails_verification(stack, pages):
 
 def test_oversized_screenshot_rejected(stack):
     store = ScreenshotStore.from_settings(stack.settings())
-    with pytest.raises(ValueError, match="exceeds"):
-        store.put(b"\0" * (17 * 1024 * 1024))
+    size = MAX_SCREENSHOT_BYTES + 1
+    with pytest.raises(ScreenshotTooLarge, match=f"{size} bytes exceeds the {MAX_SCREENSHOT_BYTES}-byte limit") as err:
+        store.put(b"\0" * size)
+    assert isinstance(err.value, ValueError) and (err.value.size, err.value.limit) == (size, MAX_SCREENSHOT_BYTES)
+    assert not store.exists(sha256_hex(b"\0" * size))
 
 
 def test_wrong_secret_is_rejected_by_the_server(stack):

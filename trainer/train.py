@@ -34,7 +34,7 @@ from pipeline.bus import EventProducer, create_topics, read_log
 from pipeline.checkpoints import CheckpointStore
 from pipeline.hashing import weights_sha256
 from pipeline.settings import StackSettings
-from pipeline.store import ScreenshotStore
+from pipeline.store import ScreenshotStore, patiently
 from pipeline.topics import TRAINER
 from rollout.policy.local import suppressed_token_ids
 from rollout.policy.tiny_vlm import ensure_tiny_vlm, load_tiny_vlm, save_tiny_vlm
@@ -190,8 +190,11 @@ def _publish(producer: EventProducer, checkpoints: CheckpointStore, scorer: Scor
         directory = save_tiny_vlm(model, scorer.tokenizer, Path(tmp) / f"v{version}",
                                   image_processor=scorer.image_processor)
         torch.save(optimizer.state_dict(), Path(tmp) / "optimizer.pt")
-        checkpoints.put_state(Path(tmp) / "optimizer.pt", config.run_id, version)
-        uri = checkpoints.upload(directory, config.run_id, version)
+        # A full or unreachable store pauses the trainer here (and so the pool, at the staleness
+        # bound) instead of killing it; an upload is idempotent, so a retry starts over.
+        patiently(lambda: checkpoints.put_state(Path(tmp) / "optimizer.pt", config.run_id, version),
+                  f"storing the optimizer state of v{version}")
+        uri = patiently(lambda: checkpoints.upload(directory, config.run_id, version), f"storing checkpoint v{version}")
     weights = updates[-1].weights_sha256 if updates else weights_sha256(model.state_dict())  # hashed once
     published = PolicyVersionPublished(
         run_id=config.run_id, version=version, checkpoint_uri=uri, checkpoint_sha256=weights,

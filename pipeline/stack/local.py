@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline.settings import StackSettings
 from pipeline.stack.ceph import S3Credentials, s3_healthy, start_ceph_s3
-from pipeline.stack.process import ServiceProc, pid_alive, port_open, stop
+from pipeline.stack.process import ServiceProc, pid_alive, port_open, respawn, stop, wait_until
 from pipeline.stack.tansu import start_tansu
 
 STATE_FILE = "stack.json"
@@ -71,6 +73,27 @@ class LocalStack:
             stop(proc)
         self.services = []
         (self.data_dir / STATE_FILE).unlink(missing_ok=True)
+
+    def restart(self, name: str, downtime_s: float = 0.0, crash: bool = False) -> None:
+        """Stop one service (`crash`: SIGKILL, no goodbye), leave it down for `downtime_s`, start it
+        again on the same port.
+
+        The fault tests' handle on the stack. Tansu keeps its log in memory, so a restarted broker
+        comes back empty: the default topics are created again, as `up` does."""
+        i = next((i for i, s in enumerate(self.services) if s.name == name), None)
+        if i is None:
+            raise KeyError(f"no service {name!r} in this stack (have: {[s.name for s in self.services]})")
+        old = self.services[i]
+        if crash and pid_alive(old):
+            os.kill(old.pid, signal.SIGKILL)
+        stop(old)
+        time.sleep(downtime_s)
+        self.services[i] = start_tansu(self.data_dir, port=old.port) if name == "kafka" else respawn(old)
+        if name == "s3" and self.s3 is not None:
+            wait_until(lambda: s3_healthy(self.s3), "radosgw HTTP", 60, self.services[i])
+        self._save()
+        if name == "kafka":
+            self._bootstrap()
 
     # -- state -----------------------------------------------------------------------------------
     @classmethod

@@ -32,6 +32,12 @@ class ServiceProc:
     """TCP port on 127.0.0.1 it serves, if any."""
     binary: str
     """Absolute path of the executable; checked against /proc before signalling the PID."""
+    argv: tuple[str, ...] = ()
+    """Command line it was started with, so `respawn` can start it again identically."""
+    log: str = ""
+    """Where its stdout/stderr go."""
+    env: tuple[tuple[str, str], ...] = ()
+    """Extra environment it was started with."""
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -53,6 +59,8 @@ def free_port() -> int:
 
 def ensure_port_free(port: int, service: str) -> None:
     with socket.socket() as s:
+        # As the daemons do: a port held only by connections in TIME_WAIT (a restart) is free.
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("127.0.0.1", port))
         except OSError as exc:
@@ -79,7 +87,18 @@ def spawn(name: str, argv: list[str], log_path: Path, port: int | None = None, e
             start_new_session=True,
             env={**os.environ, **(env or {})},
         )
-    return ServiceProc(name=name, pid=proc.pid, port=port, binary=os.path.realpath(argv[0]))
+    return ServiceProc(name=name, pid=proc.pid, port=port, binary=os.path.realpath(argv[0]), argv=tuple(argv),
+                       log=str(log_path), env=tuple(sorted((env or {}).items())))
+
+
+def respawn(proc: ServiceProc, timeout: float = 60.0) -> ServiceProc:
+    """Start a stopped daemon again with the same command line; waits for its port if it has one."""
+    if not proc.argv:
+        raise StackError(f"{proc.name}: started by an older version, its command line is unknown; restart the stack")
+    new = spawn(proc.name, list(proc.argv), Path(proc.log), port=proc.port, env=dict(proc.env))
+    if proc.port is not None:
+        wait_until(lambda: port_open(proc.port), proc.name, timeout, new, Path(proc.log))
+    return new
 
 
 def wait_until(check, what: str, timeout: float, proc: ServiceProc | None = None, log_path: Path | None = None) -> None:
