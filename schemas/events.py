@@ -248,9 +248,11 @@ class GroupDropped(Event):
     event_type: Literal["GroupDropped"] = "GroupDropped"
     group_id: str
     task_id: str
-    reason: Literal["stale", "uninformative", "no_tokens"]
+    reason: Literal["stale", "uninformative", "no_tokens", "screenshot_corrupted", "screenshot_missing"]
     """`stale`: a token older than the staleness bound; `uninformative`: all rewards equal (dynamic
-    sampling); `no_tokens`: no step carries model tokens (scripted policies)."""
+    sampling); `no_tokens`: no step carries model tokens (scripted policies); `screenshot_corrupted`:
+    a stored screenshot no longer hashes to its key; `screenshot_missing`: one is not in the store.
+    (New values need no `SCHEMA_VERSION` bump: the column stays a string and old files hold old values.)"""
     trainer_version: int = Field(ge=0)
     """The trainer's version when it dropped the group."""
     min_policy_version: int = Field(ge=0)

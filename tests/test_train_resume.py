@@ -12,10 +12,14 @@ import sys
 import tempfile
 import time
 import uuid
+from collections import Counter
 from pathlib import Path
+
+from faults import account, log_ids
 
 from pipeline.bus import EventProducer, read_log
 from pipeline.hashing import sha256_hex
+from pipeline.ledger import LedgerWriter
 from pipeline.samples import render_page, sample_step
 from pipeline.store import ScreenshotStore
 from pipeline.topics import TRAINER
@@ -32,11 +36,12 @@ def _policy() -> LocalPolicy:
     return LocalPolicy(max_new_tokens=10, seed=2)
 
 
-def publish_groups(settings, run_id: str, groups: int) -> list[str]:
-    """Groups of two one-step trajectories (rewards 1, 0) sampled from the tiny VLM, as a pool would."""
+def publish_groups(settings, run_id: str, groups: int, first: int = 0) -> list[str]:
+    """Groups of two one-step trajectories (rewards 1, 0) sampled from the tiny VLM, as a pool would.
+    `first` numbers a later batch of the same run after the earlier ones."""
     store, producer, ids = ScreenshotStore.from_settings(settings), EventProducer(settings), []
     store.ensure_bucket()
-    for g in range(groups):
+    for g in range(first, first + groups):
         group_id, events, tids = f"{run_id}-g{g}", [], []
         for t in range(2):
             png = render_page(f"{run_id} {g} {t}", size=(320, 240), seed=g * 2 + t)
@@ -88,7 +93,7 @@ def test_awrl_train_cli_trains_and_resumes(settings):
     assert sorted(g for u in updates for g in u.group_ids) == sorted(groups)
 
 
-def test_sigkilled_trainer_resumes_without_losing_or_repeating_a_group(settings):
+def test_sigkilled_trainer_resumes_without_losing_or_repeating_a_group(settings, tmp_path):
     run_id = f"kill-{uuid.uuid4().hex[:6]}"
     groups = publish_groups(settings, run_id, 5)
     env = {**os.environ, **settings.environ()}
@@ -114,7 +119,16 @@ def test_sigkilled_trainer_resumes_without_losing_or_repeating_a_group(settings)
     assert [v.version for v in versions] == list(range(6)), out.stdout[-2000:]
     lineage = {u for v in versions for u in v.update_ids}
     updates = [e for e in events if isinstance(e, UpdateApplied) and e.event_id in lineage]
+    assert [s for s, n in Counter(u.update_step for u in updates).items() if n > 1] == []  # none applied twice
     assert [u.update_step for u in updates] == list(range(5))
     assert sorted(g for u in updates for g in u.group_ids) == sorted(groups)  # each group exactly once
     for v, u in zip(versions[1:], updates):
         assert v.parent_version == v.version - 1 and v.checkpoint_sha256 == u.weights_sha256
+
+    # The kill may leave an update outside the lineage (sent, never published): the ledger must
+    # still hold every event the broker acknowledged, once.
+    ledger = settings.model_copy(update={"ledger_uri": str(tmp_path / "ledger")})
+    LedgerWriter(ledger).sync(idle_exit_s=2)
+    row = account("trainer SIGKILLed mid-run (2 ranks)", log_ids(settings, run_id), ledger, run_id,
+                  note=f"killed after v{killed_at}; resumed to v5, update steps 0-4 once each")
+    assert row.lost == 0 and row.duplicated == 0 and row.rows == row.produced, row

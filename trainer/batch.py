@@ -7,8 +7,9 @@ id with new trajectories, so only the steps of the trajectories named by `GroupC
 
 `BatchBuilder` runs the fold on a Kafka consumer and applies the filters, each emitting `GroupDropped`
 (counted, never silent): groups with no model tokens, groups whose rewards are all equal (dynamic
-sampling), and groups older than the staleness bound (`trainer.staleness.admissible`, checked again
-when the batch is formed, because a group may age while it waits). Offsets are committed only up to
+sampling), groups with a screenshot that is missing from the store or no longer hashes to its key,
+and groups older than the staleness bound (`trainer.staleness.admissible`, checked again when the
+batch is formed, because a group may age while it waits). Offsets are committed only up to
 the first group not yet trained or dropped, so a crashed trainer re-reads exactly what it had not
 finished; groups it had already trained are skipped by id (`skip`).
 """
@@ -23,6 +24,7 @@ from dataclasses import dataclass, field
 from pipeline.advantages import group_advantages, informative
 from pipeline.bus import Delivered, EventConsumer, EventProducer
 from pipeline.settings import StackSettings
+from pipeline.store import ScreenshotCorrupted, ScreenshotMissing, ScreenshotStore
 from pipeline.topics import ROLLOUT
 from schemas import GroupCompleted, GroupDropped, StepRecorded
 from trainer.config import TrainConfig
@@ -54,6 +56,11 @@ class TrainGroup:
     @property
     def has_tokens(self) -> bool:
         return any(s.response_token_ids for steps in self.trajectories for s in steps)
+
+    def screenshot_hashes(self) -> list[str]:
+        """Every screenshot the group's steps reference, each once."""
+        steps = [s for trajectory in self.trajectories for s in trajectory]
+        return list(dict.fromkeys(h for s in steps for h in [s.screenshot_sha256, *s.prompt_screenshot_sha256]))
 
 
 @dataclass
@@ -117,6 +124,7 @@ class BatchBuilder:
                  skip: Iterable[str] = ()):
         self.config, self.producer = config, producer
         self.consumer = EventConsumer(settings, config.group_id, [ROLLOUT], producer, client_id="trainer")
+        self.store = ScreenshotStore.from_settings(settings)
         self.assembler = GroupAssembler(config.run_id)
         self.ready: list[TrainGroup] = []
         self.seen: set[str] = set(skip)
@@ -151,8 +159,31 @@ class BatchBuilder:
             self._drop(group, "no_tokens", version)
         elif not self._informative(group):
             self._drop(group, "uninformative", version)
+        elif damage := self._damaged_screenshot(group):
+            self._drop(group, damage, version)
         else:
             self.ready.append(group)
+
+    def _damaged_screenshot(self, group: TrainGroup) -> str | None:
+        """The drop reason if a screenshot of the group cannot be trusted, else None.
+
+        Checked here, once per group and before it can enter a batch, so a damaged object drops one
+        group instead of crashing the update (every rank's fetch verifies too, so bytes that go bad
+        later still never reach the model). The bytes are not kept: ranks fetch their own shards, and
+        holding a batch's pixels on the leader would cost memory for a fraction of the fetches.
+        Store outages are not damage: they propagate, and a restarted trainer re-reads the group."""
+        try:
+            self.store.get_many(group.screenshot_hashes())
+        except ScreenshotCorrupted as exc:
+            return self._damage("screenshot_corrupted", group, exc)
+        except ScreenshotMissing as exc:
+            return self._damage("screenshot_missing", group, exc)
+        return None
+
+    def _damage(self, reason: str, group: TrainGroup, exc: Exception) -> str:
+        # GroupDropped has no free-text field: the operator's log carries which object failed
+        print(f"trainer: dropping group {group.group_id} ({reason}): {exc}", flush=True)
+        return reason
 
     def _informative(self, group: TrainGroup) -> bool:
         rewards = group.completed.rewards
