@@ -11,6 +11,7 @@ import threading
 import time
 
 import pyarrow.dataset as ds
+from faults import account
 
 from pipeline.bus import EventProducer
 from pipeline.ledger import LedgerWriter, ledger_filesystem, list_parquet
@@ -88,7 +89,10 @@ def test_writer_killed_with_sigkill_loses_nothing_duplicates_nothing(settings, t
                            text=True, timeout=120)
     assert final.returncode == 0, final.stderr
     ids = ledger_ids(settings)
+    row = account("ledger writer SIGKILLed mid-file, restarted", produced, settings,
+                  note=f"{kills} kills while writing; `.tmp` leftovers removed")
     assert kills >= 3
     assert len(ids) == len(set(ids)), "duplicated events in the ledger"
     assert set(ids) == set(produced), f"lost {len(set(produced) - set(ids))} events"
+    assert row.lost == 0 and row.duplicated == 0
     assert not list((tmp_path / "ledger").rglob("*.tmp"))

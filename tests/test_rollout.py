@@ -12,8 +12,10 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
+from faults import account, log_ids
 
 from pipeline.bus import EventConsumer, EventProducer
+from pipeline.ledger import LedgerWriter
 from pipeline.store import ScreenshotStore
 from pipeline.topics import ROLLOUT
 from rollout.dispatcher import dispatch, task_stream
@@ -135,15 +137,20 @@ def _kill_one_browser() -> int:
     raise AssertionError("no browser to kill")
 
 
-def test_killed_browser_ends_episode_as_env_error_and_worker_goes_on(settings, sites):
+def test_killed_browser_ends_episode_as_env_error_and_worker_goes_on(settings, sites, tmp_path):
     easy = [t for t in sites.tasks("train") if t.difficulty == "easy"]
     policy = KillBrowserOnce(OraclePolicy({"sites": sites}))
-    _, stats, delivered = run_pool(settings, sites, policy, groups=2, workers=1, group_size=2, tasks=easy)
+    run_id, stats, delivered = run_pool(settings, sites, policy, groups=2, workers=1, group_size=2, tasks=easy)
     finished = [d.event for d in delivered if isinstance(d.event, EpisodeFinished)]
     assert policy.killed and stats.episodes == 4
     errors = [f for f in finished if f.outcome == "env_error"]
     assert len(errors) == 1 and errors[0].reason
     assert sum(f.outcome == "success" for f in finished) == 3, "the same worker ran the later episodes"
+    ledger = settings.model_copy(update={"ledger_uri": str(tmp_path / "ledger")})
+    LedgerWriter(ledger).sync(idle_exit_s=2)
+    row = account("browser SIGKILLed mid-episode", log_ids(settings, run_id), ledger, run_id,
+                  note="that episode ended as env_error; the worker relaunched its browser and went on")
+    assert row.lost == 0 and row.duplicated == 0
 
 
 class Garbage:
