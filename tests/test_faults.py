@@ -73,6 +73,32 @@ class Publisher:
         self.producer.close()
 
 
+def _publish_through_a_restart(settings, run_id: str, restart):
+    """Publish and write the ledger while `restart()` takes the broker down and up again; returns the
+    publisher, the writer and the times the broker went down and came back."""
+    writer, stop_writer = LedgerWriter(settings), threading.Event()
+    writing = threading.Thread(target=writer.sync, kwargs={"follow": True, "stop": stop_writer})
+    publisher = Publisher(settings, run_id)
+    try:
+        writing.start(), publisher.thread.start()
+        time.sleep(4)
+        down_at = time.monotonic()
+        restart()
+        back_at = time.monotonic()
+        time.sleep(4)
+        publisher.finish()
+        after = {i for i, t in publisher.acked.items() if t > back_at}
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not after <= set(_ids(settings, run_id)):
+            time.sleep(0.5)
+    finally:
+        stop_writer.set()
+        writing.join(timeout=30)
+    assert not publisher.failed & set(publisher.acked)
+    assert after, "producers did not recover after the restart"
+    return publisher, writer, down_at
+
+
 def test_broker_restart_loses_at_most_the_writers_lag(stack, settings, tmp_path):
     """Tansu keeps its log in memory: what the ledger writer had not written when the broker went
     down is gone. Producers must never count an unacknowledged send, must recover afterwards, and
@@ -83,37 +109,35 @@ def test_broker_restart_loses_at_most_the_writers_lag(stack, settings, tmp_path)
                                            "ledger_uri": str(tmp_path / "ledger")})
     create_topics(settings)
     run_id = f"restart-{uuid.uuid4().hex[:6]}"
-    writer, stop_writer = LedgerWriter(settings), threading.Event()
-    writing = threading.Thread(target=writer.sync, kwargs={"follow": True, "stop": stop_writer})
-    publisher = Publisher(settings, run_id)
-    try:
-        writing.start(), publisher.thread.start()
-        time.sleep(6)
-        down_at = time.monotonic()
+
+    def restart():
         own.restart("kafka", crash=True)
         create_topics(settings)  # a memory broker comes back empty; the app's topics are recreated
-        back_at = time.monotonic()
-        time.sleep(6)
-        publisher.finish()
-        after = {i for i, t in publisher.acked.items() if t > back_at}
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and not after <= set(_ids(settings, run_id)):
-            time.sleep(0.5)
+
+    try:
+        publisher, _, down_at = _publish_through_a_restart(settings, run_id, restart)
     finally:
-        stop_writer.set()
-        writing.join(timeout=30)
         own.down()
     lost = set(publisher.acked) - set(_ids(settings, run_id))
     window = max((down_at - publisher.acked[i] for i in lost), default=0.0)
-    lags = sorted(writer.stats.lags) or [0.0]
     row = account("broker (Tansu, in memory) SIGKILLed and restarted mid-run", publisher.acked, settings, run_id,
                   note=f"{len(publisher.failed)} sends failed and were reported as failed; lost events were "
-                       f"acked <= {window:.2f} s before the broker went down; writer lag p50 "
-                       f"{lags[len(lags) // 2]:.2f} s, max {lags[-1]:.2f} s")
-    assert not publisher.failed & set(publisher.acked)
-    assert after, "producers did not recover after the restart"
+                       f"acked <= {window:.2f} s before the broker went down (the writer's lag)")
     assert row.duplicated == 0
     assert all(down_at - publisher.acked[i] < 5 for i in lost), "lost events older than the writer's lag"
+
+
+@pytest.mark.skipif(not os.environ.get("AWRL_COMPOSE_KAFKA"),
+                    reason="set AWRL_COMPOSE_KAFKA=1 with `docker compose up` running to test Apache Kafka")
+def test_compose_kafka_restart_loses_nothing(settings, tmp_path):
+    """The same fault against docker compose's Apache Kafka, whose log is on a volume: nothing may be lost."""
+    settings = settings.model_copy(update={"kafka_bootstrap": "127.0.0.1:9092", "ledger_uri": str(tmp_path / "l")})
+    create_topics(settings)
+    run_id = f"restart-{uuid.uuid4().hex[:6]}"
+    publisher, _, _ = _publish_through_a_restart(settings, run_id, lambda: subprocess.run(
+        ["docker", "compose", "restart", "kafka"], check=True, timeout=300))
+    row = account("broker (Apache Kafka, compose) restarted mid-run", publisher.acked, settings, run_id)
+    assert row.lost == 0 and row.duplicated == 0
 
 
 def _ids(settings, run_id):
@@ -163,7 +187,7 @@ def test_object_store_down_30s_pauses_rollout_and_no_event_names_a_missing_scree
         stack.restart("s3", downtime_s=30)
         outage["s"] = time.monotonic() - outage["at"]
 
-    run_id, stats = run_pool(settings, sites, groups=3, during=take_s3_down)
+    run_id, stats = run_pool(settings, sites, groups=2, during=take_s3_down)
     events = run_events(settings, run_id)
     steps = [e for e in events if isinstance(e, StepRecorded)]
     store = ScreenshotStore.from_settings(settings)
@@ -175,7 +199,7 @@ def test_object_store_down_30s_pauses_rollout_and_no_event_names_a_missing_scree
                        f"failed; {len(steps)} steps, 0 name a missing screenshot")
     assert outage["s"] >= 30 and stats.store_waited_s > 10
     assert not missing
-    assert stats.groups == 3 and sum(isinstance(e, GroupCompleted) for e in events) == 3
+    assert stats.groups == 2 and sum(isinstance(e, GroupCompleted) for e in events) == 2
     assert all(f.outcome != "env_error" for f in finished), "a 30 s outage is waited out, not failed"
     assert row.lost == 0 and row.duplicated == 0
 
@@ -211,9 +235,9 @@ def test_object_store_full_pauses_with_a_clear_error_then_resumes(stack, setting
         deadline = time.monotonic() + 120
         while not _said_full(caplog) and time.monotonic() < deadline:
             time.sleep(0.5)
-        time.sleep(10)  # paused, not failing: no episode may end meanwhile
+        time.sleep(5)  # paused, not failing: no episode may end meanwhile
         state["episodes"] = pool.stats.episodes
-        time.sleep(5)
+        time.sleep(4)
         state["episodes_later"] = pool.stats.episodes
         _quota(stack, bucket, "disable")  # space freed: the pool must resume by itself
 
@@ -228,7 +252,7 @@ def test_object_store_full_pauses_with_a_clear_error_then_resumes(stack, setting
                   note=f"pool paused {stats.store_waited_s:.0f} s with `object store full` and resumed; "
                        f"{stats.env_errors} episodes failed")
     assert _said_full(caplog)
-    assert state["episodes"] == state["episodes_later"] and stats.store_waited_s >= 15
+    assert state["episodes"] == state["episodes_later"] and stats.store_waited_s >= 9
     assert stats.groups == 2 and stats.env_errors == 0
     assert sum(isinstance(e, GroupCompleted) for e in events) == 2
     assert row.lost == 0 and row.duplicated == 0
