@@ -3,7 +3,8 @@
 Every verb opens the ledger named by `StackSettings().ledger_uri` (or `--ledger`) through
 `analysis.connect`, i.e. an in-memory DuckDB holding only views, locked down. `sql` additionally
 refuses any statement that is not a query, by DuckDB's own parser rather than by keyword matching
-(so `WITH ... INSERT` or a second statement after `;` cannot slip through).
+(so `WITH ... INSERT` or a second statement after `;` cannot slip through). Values given with
+`--param name=value` are bound as DuckDB named parameters (`$name`), never pasted into the SQL text.
 """
 
 from __future__ import annotations
@@ -24,15 +25,21 @@ console = Console()
 LEDGER = typer.Option(None, "--ledger", help="Ledger root (directory or s3://bucket/prefix); default: AWRL_LEDGER_URI.")
 JSON = typer.Option(False, "--json", help="Print JSON instead of a table.")
 _EXPLAIN = re.compile(r"^\s*EXPLAIN\s+(ANALY[SZ]E\s+)?(\([^)]*\)\s*)?", re.IGNORECASE)
+_PARAM_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 class NotReadOnly(ValueError):
     """The SQL text holds something other than exactly one query."""
 
 
-def check_read_only(con: duckdb.DuckDBPyConnection, query: str) -> None:
+class BadParameters(ValueError):
+    """A `--param` is malformed, or the query's `$name` parameters and the values given differ."""
+
+
+def check_read_only(con: duckdb.DuckDBPyConnection, query: str) -> duckdb.Statement:
     """Accept exactly one SELECT-type statement (SELECT, WITH ... SELECT, FROM, VALUES, DESCRIBE, SHOW,
-    SUMMARIZE) or an EXPLAIN of one; refuse everything else, PRAGMA and CALL included."""
+    SUMMARIZE) or an EXPLAIN of one; refuse everything else, PRAGMA and CALL included.
+    Returns the parsed statement."""
     try:
         statements = con.extract_statements(query)
     except duckdb.Error as exc:
@@ -41,9 +48,35 @@ def check_read_only(con: duckdb.DuckDBPyConnection, query: str) -> None:
         raise NotReadOnly(f"expected exactly one statement, got {len(statements)}")
     kind = statements[0].type
     if kind == duckdb.StatementType.EXPLAIN:  # EXPLAIN ANALYZE runs its statement: check that one
-        return check_read_only(con, _EXPLAIN.sub("", statements[0].query, count=1))
-    if kind != duckdb.StatementType.SELECT:
+        check_read_only(con, _EXPLAIN.sub("", statements[0].query, count=1))
+    elif kind != duckdb.StatementType.SELECT:
         raise NotReadOnly(f"only queries are allowed, not {kind.name}")
+    return statements[0]
+
+
+def parse_params(items: list[str]) -> dict[str, str]:
+    """`--param name=value` items as a dict; the value is everything after the first `=` (may be empty)."""
+    params: dict[str, str] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not _PARAM_NAME.fullmatch(name):
+            raise BadParameters(f"--param takes name=value with a name like run_id, not {item!r}")
+        if name in params:
+            raise BadParameters(f"--param {name} given twice")
+        params[name] = value
+    return params
+
+
+def _check_params(wanted: set[str], given: dict[str, str]) -> None:
+    # DuckDB would refuse these too, but its messages speak of prepared statements, not of --param.
+    missing = sorted(wanted - given.keys())
+    if missing:
+        names = ", ".join(f"${n}" for n in missing)
+        raise BadParameters(f"the query uses {names} but no value was given (--param {missing[0]}=...); "
+                            "positional parameters (? or $1) are not supported")
+    unused = sorted(given.keys() - wanted)
+    if unused:
+        raise BadParameters(f"--param {', '.join(unused)} not used by the query (write ${unused[0]} in it)")
 
 
 def _settings(ledger: str | None):
@@ -72,11 +105,14 @@ def _plain(value):
     return str(value)
 
 
-def run_query(con: duckdb.DuckDBPyConnection, query: str,
-              limit: int | None = None) -> tuple[list[str], list[tuple], bool]:
-    """(columns, rows, truncated) of a read-only query; at most `limit` rows are fetched."""
-    check_read_only(con, query)
-    cur = con.execute(query)
+def run_query(con: duckdb.DuckDBPyConnection, query: str, limit: int | None = None,
+              params: dict[str, str] | None = None) -> tuple[list[str], list[tuple], bool]:
+    """(columns, rows, truncated) of a read-only query; at most `limit` rows are fetched.
+
+    `params` are bound to the query's `$name` parameters by DuckDB, so a value is only ever data."""
+    statement = check_read_only(con, query)
+    _check_params(set(statement.named_parameters), params or {})
+    cur = con.execute(query, params) if params else con.execute(query)
     columns = [d[0] for d in cur.description]
     rows = cur.fetchmany(limit + 1) if limit else cur.fetchall()
     truncated = bool(limit) and len(rows) > limit
@@ -87,14 +123,26 @@ def sql(
     query: str = typer.Argument(..., help="One read-only query over the ledger views (see `DESCRIBE steps`)."),
     json: bool = JSON,
     limit: int = typer.Option(100, help="Rows to print at most (0: all)."),
+    param: list[str] = typer.Option(
+        [], "--param", "-p", metavar="NAME=VALUE",
+        help="Bind $NAME in the query to VALUE, repeatable. Values are text: cast in SQL, e.g. $n::INT."),
     ledger: str = LEDGER,
 ) -> None:
-    """Run one read-only SQL query over the ledger views."""
+    """Run one read-only SQL query over the ledger views, e.g.
+    `awrl sql 'SELECT * FROM steps WHERE run_id = $run AND step < $n::INT' -p run=r1 -p n=5`."""
+    try:
+        params = parse_params(param)
+    except BadParameters as exc:
+        console.print(f"[bold red]error:[/] {exc}")
+        raise typer.Exit(2) from None
     con = _connect(ledger)
     try:
-        columns, rows, truncated = run_query(con, query, limit or None)
+        columns, rows, truncated = run_query(con, query, limit or None, params)
     except NotReadOnly as exc:
         console.print(f"[bold red]refused:[/] {exc}")
+        raise typer.Exit(2) from None
+    except BadParameters as exc:
+        console.print(f"[bold red]error:[/] {exc}")
         raise typer.Exit(2) from None
     except duckdb.Error as exc:
         console.print(f"[bold red]error:[/] {exc}")

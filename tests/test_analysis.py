@@ -18,7 +18,7 @@ import typer
 from typer.testing import CliRunner
 
 from analysis import RAW_VIEWS, VIEWS, DriftConfig, connect, drift_metrics, write_report
-from analysis.cli import NotReadOnly, check_read_only, register, run_query
+from analysis.cli import BadParameters, NotReadOnly, check_read_only, register, run_query
 from pipeline.advantages import group_advantages
 from schemas import (
     Action,
@@ -408,3 +408,34 @@ def test_rebatch_judges_every_completed_group_by_the_trainers_filters(tmp_path, 
     res = cli("rebatch", run, "--png", tmp_path / "rb.png", "--ledger", tmp_path / "ledger")
     assert res.exit_code == 0 and (tmp_path / "rb.png").read_bytes()[:4] == b"\x89PNG"
     assert cli("rebatch", run, "--filter", "bogus", "--ledger", tmp_path / "ledger").exit_code == 2
+
+
+INJECTION = "x' OR 1=1; DROP VIEW steps; --"
+
+
+def test_sql_params_are_bound_as_data_never_as_sql(con):
+    steps = con.execute("SELECT count(*) FROM steps").fetchall()
+    query = "SELECT trajectory_id FROM trajectories WHERE trajectory_id = $tid"
+    assert run_query(con, query, params={"tid": INJECTION}) == (["trajectory_id"], [], False)
+    assert run_query(con, query, params={"tid": "B"})[1] == [("B",)]
+    assert con.execute("SELECT count(*) FROM steps").fetchall() == steps  # the view is still there
+    with pytest.raises(BadParameters, match=r"uses \$tid but no value"):
+        run_query(con, query)
+    with pytest.raises(BadParameters, match="extra not used"):
+        run_query(con, query, params={"tid": "B", "extra": "1"})
+    with pytest.raises(NotReadOnly):  # a parameter does not make a write statement acceptable
+        run_query(con, "DELETE FROM steps WHERE trajectory_id = $tid", params={"tid": "B"})
+
+
+def test_cli_sql_binds_params_and_explains_bad_ones(cli, ledger):
+    query = "SELECT trajectory_id, num_steps FROM trajectories WHERE run_id = $run AND num_steps >= $n::INT ORDER BY 1"
+    res = cli("sql", query, "-p", "run=r1", "--param", "n=3", "--json", "--ledger", ledger)
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.output) == [{"trajectory_id": "B", "num_steps": 4}, {"trajectory_id": "C", "num_steps": 3}]
+    res = cli("sql", query, "-p", f"run={INJECTION}", "-p", "n=0", "--json", "--ledger", ledger)
+    assert res.exit_code == 0 and json.loads(res.output) == []
+    for bad, message in (("run", "name=value"), ("=r1", "name=value"), ("run=r1", "$n but no value")):
+        res = cli("sql", query, "-p", bad, "--ledger", ledger)
+        assert res.exit_code == 2 and message in res.output, res.output
+    res = cli("sql", "SELECT 1", "-p", "run=r1", "-p", "run=r2", "--ledger", ledger)
+    assert res.exit_code == 2 and "given twice" in res.output
