@@ -115,8 +115,8 @@ class EventProducer:
     def flush(self, timeout: float | None = None) -> None:
         self._kafka.flush(timeout=timeout)
 
-    def close(self) -> None:
-        self._kafka.close()
+    def close(self, timeout: float | None = None) -> None:
+        self._kafka.close(timeout=timeout)
 
 
 @dataclass(frozen=True)

@@ -38,6 +38,7 @@ from minio.error import S3Error
 
 from pipeline.settings import StackSettings
 from pipeline.store import minio_client
+from schemas.events import RUN_ID_PATTERN
 
 MANIFEST = "MANIFEST.json"
 MANIFEST_FORMAT = 1
@@ -45,7 +46,7 @@ PART_SIZE = 16 * 1024 * 1024
 """Multipart part size; minio holds up to 3 parts per file in memory while uploading them in parallel."""
 CHUNK = 1024 * 1024
 """Download read size."""
-_RUN_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._=+-]{0,199}")
+_RUN_ID = re.compile(RUN_ID_PATTERN)
 _VERSION_DIR = re.compile(r"v(\d{6,})")
 _MISSING = ("NoSuchKey", "NoSuchObject", "ResourceNotFound")
 
@@ -108,7 +109,7 @@ class CheckpointStore:
     # -- naming ----------------------------------------------------------------------------------
     def key(self, run_id: str, version: int) -> str:
         if not _RUN_ID.fullmatch(run_id):
-            raise ValueError(f"run id {run_id!r} is not a plain name ([A-Za-z0-9_][A-Za-z0-9._=+-]*)")
+            raise ValueError(f"run id {run_id!r} is not a plain name ({RUN_ID_PATTERN})")
         if version < 0:
             raise ValueError(f"version {version} is negative")
         return f"{self.prefix}/{run_id}/v{version:06d}"

@@ -110,11 +110,11 @@ async def _loop(ctx: EpisodeContext, page, task: Task, instruction: str, ids: di
         version = ctx.policy.version
         out = await asyncio.wait_for(ctx.policy.act(obs), cfg.step_timeout_s)
         policy_s = time.perf_counter() - t0
-        parsed = parse_response(out.response_text, memory, cfg.allowed_hosts)
+        parsed = parse_response(out.response_text, memory, cfg.allowed_hosts, obs.viewport)
         done = await asyncio.wait_for(execute(page, parsed.action, marks), cfg.step_timeout_s)
         ctx.emit(StepRecorded(
             **ids, step=step, screenshot_sha256=sha, url=obs.url, action=parsed.action,
-            response_text=out.response_text, memory=parsed.memory, prompt_token_ids=out.prompt_token_ids,
+            response_text=_encodable(out.response_text), memory=parsed.memory, prompt_token_ids=out.prompt_token_ids,
             prompt_screenshot_sha256=obs.screenshot_sha256, response_token_ids=out.response_token_ids,
             behave_logprobs=out.logprobs, token_policy_versions=out.token_policy_versions, policy_version=version,
             env_feedback=done.feedback, error_class=done.error_class,
@@ -131,6 +131,11 @@ async def _loop(ctx: EpisodeContext, page, task: Task, instruction: str, ids: di
         if verdict is not None:
             return (verdict, step + 1), None
     return (Verdict(False, f"horizon of {task.horizon} steps reached"), task.horizon), None
+
+
+def _encodable(text: str) -> str:
+    """Model output as recorded: a lone surrogate (which no JSON encoder accepts) becomes `?`."""
+    return text if text.isascii() else text.encode("utf-8", "replace").decode("utf-8")
 
 
 def _viewport(page) -> tuple[int, int]:

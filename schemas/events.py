@@ -70,12 +70,18 @@ class Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
+RUN_ID_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9._+-]{0,199}$"
+"""A run id names a directory of the ledger and a prefix of the store: no `/`, no `..` escapes, no
+`=` (it would break the Hive partition layout)."""
+RunId = Annotated[str, Field(pattern=RUN_ID_PATTERN)]
+
+
 class Event(Frozen):
     """Fields every event carries."""
 
     event_id: str = Field(default_factory=_new_id)
     """Globally unique id; the ledger deduplicates on it (exactly-once comes from here, not Kafka)."""
-    run_id: str
+    run_id: RunId
     """The training run this fact belongs to; the ledger partitions by it."""
     schema_version: int = SCHEMA_VERSION
     """Version of this vocabulary the event was written with."""
@@ -266,7 +272,7 @@ class EvaluationCompleted(Event):
     event_type: Literal["EvaluationCompleted"] = "EvaluationCompleted"
     stage: str
     """What was evaluated, e.g. `untrained`, `sft`, `rl`."""
-    eval_run_id: str
+    eval_run_id: RunId
     policy_version: int = Field(ge=0)
     checkpoint_sha256: Sha256 | None = None
     """Hash of the evaluated weights (None for a scripted policy)."""

@@ -6,6 +6,7 @@ from pipeline.samples import sample_group, sample_step
 from schemas import (
     EVENT_TYPES,
     Action,
+    EpisodeStarted,
     EvaluationCompleted,
     GroupDropped,
     PolicyVersionPublished,
@@ -102,3 +103,11 @@ def test_action_arguments_checked(args, missing):
 def test_click_by_mark_or_coordinates():
     assert Action(kind="click", mark=7).mark == 7
     assert Action(kind="click", x=1, y=2).x == 1
+
+
+@pytest.mark.parametrize("run_id", ["../../escaped", "a/b", "", "run=1", ".hidden", "x" * 201])
+def test_run_ids_that_would_escape_or_break_the_ledger_layout_are_invalid(run_id):
+    """A run id becomes a ledger directory and a store prefix: path tricks must not validate."""
+    with pytest.raises(ValidationError, match="run_id"):
+        EpisodeStarted(run_id=run_id, trajectory_id="t", group_id="g", task_id="k", worker_id="w",
+                       instruction="i", horizon=1, policy_version=0)
