@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -34,3 +36,5 @@ def pytest_terminal_summary(terminalreporter):
     if TABLE:
         terminalreporter.write_sep("=", "fault matrix: events produced vs rows in the ledger")
         terminalreporter.write_line(markdown(TABLE))
+        if path := os.environ.get("AWRL_FAULT_TABLE"):  # bench/faults.sh keeps it
+            Path(path).write_text(markdown(TABLE) + "\n")

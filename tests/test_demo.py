@@ -18,7 +18,7 @@ def test_demo_runs_on_the_running_stack(stack, tmp_path):
     """Every stage with a tiny budget: untrained eval, demonstrations, SFT, async RL, evals, ledger, Dagster."""
     out = subprocess.run(
         [sys.executable, "-m", "pipeline.cli", "demo", "--suite", "miniwob", "--demo-episodes", "4", "--sft-epochs",
-         "1", "--rl-minutes", "1", "--eval-episodes", "2", "--no-keep", "--data-dir", str(stack.data_dir)],
+         "1", "--rl-minutes", "0.5", "--eval-episodes", "2", "--no-keep", "--data-dir", str(stack.data_dir)],
         capture_output=True, text=True, timeout=900, cwd=tmp_path,
     )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
