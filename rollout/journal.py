@@ -118,10 +118,12 @@ def _claim(path: Path) -> Path | None:
         rest, owner = name, name.removesuffix(".jsonl")
     else:
         return None
+    me = f"{os.getpid()}-{_start_time(os.getpid())}"
+    if owner == me and _CLAIMED in name:  # ours, from an attempt whose publish failed: try again
+        return path
     pid, _, start = owner.partition("-")
     if not pid.isdigit() or _alive(int(pid), start):
         return None
-    me = f"{os.getpid()}-{_start_time(os.getpid())}"
     target = path.with_name(f"{rest}{_CLAIMED}{me}")
     try:
         os.rename(path, target)

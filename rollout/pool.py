@@ -113,8 +113,8 @@ class RolloutPool:
         self._stop_requested = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
         # Journals are per deployment (broker + topic prefix): a reaper publishes where the dead pool did.
-        self._journals = (config.journal_dir / sha256_hex(f"{settings.kafka_bootstrap}/{settings.topic_prefix}".encode())[:16]
-                          if config.journal_dir is not None else None)
+        deployment = sha256_hex(f"{settings.kafka_bootstrap}/{settings.topic_prefix}".encode())[:16]
+        self._journals = config.journal_dir / deployment if config.journal_dir is not None else None
         self.journal = EpisodeJournal(self._journals) if self._journals is not None else None
 
     # -- public ----------------------------------------------------------------------------------
@@ -202,8 +202,12 @@ class RolloutPool:
 
     def _reap(self) -> None:
         """End the open episodes of pool processes on this host that died."""
-        if self._journals is not None:
+        if self._journals is None:
+            return
+        try:
             self.stats.orphans_closed += reap(self._journals, self.producer.publish_all)
+        except Exception as exc:  # the broker is away: the claimed journal is retried next time
+            print(f"rollout: ending a dead pool's episodes failed ({type(exc).__name__}: {exc}); will retry")
 
     def _count(self, f: EpisodeFinished) -> None:
         s = self.stats
