@@ -186,8 +186,11 @@ def policy_kl(a: Scorer, b: Scorer, samples: list[StepSample], temperature: floa
         n = len(s.response_token_ids)
         la = forward_log_softmax(a.model, inputs, n, a.suppress, temperature)  # [n, V]
         lb = forward_log_softmax(b.model, inputs, n, b.suppress, temperature)  # [n, V]
+        la, lb = la.double(), lb.double()
         pa = la.exp()
-        total += (pa * torch.where(pa > 0, la - lb, torch.zeros_like(la))).sum().item()
+        per_token = (pa * torch.where(pa > 0, la - lb, torch.zeros_like(la))).sum(-1)
+        # KL is >= 0; for two nearly equal policies round-off alone can push a token's sum below 0
+        total += per_token.clamp_min(0.0).sum().item()
         count += n
     return total / max(count, 1)
 
