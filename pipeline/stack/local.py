@@ -14,9 +14,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import tenacity
+
 from pipeline.settings import StackSettings
 from pipeline.stack.ceph import S3Credentials, s3_healthy, start_ceph_s3
-from pipeline.stack.process import ServiceProc, pid_alive, port_open, respawn, stop, wait_until
+from pipeline.stack.process import ServiceProc, StackError, pid_alive, port_open, respawn, stop, wait_until
 from pipeline.stack.tansu import start_tansu
 
 STATE_FILE = "stack.json"
@@ -88,7 +90,12 @@ class LocalStack:
             os.kill(old.pid, signal.SIGKILL)
         stop(old)
         time.sleep(downtime_s)
-        self.services[i] = start_tansu(self.data_dir, port=old.port) if name == "kafka" else respawn(old)
+        # Right after a SIGKILL the dead broker's connections can hold the port for a moment.
+        for attempt in tenacity.Retrying(retry=tenacity.retry_if_exception_type(StackError),
+                                         wait=tenacity.wait_fixed(0.5), stop=tenacity.stop_after_delay(30),
+                                         reraise=True):
+            with attempt:
+                self.services[i] = start_tansu(self.data_dir, port=old.port) if name == "kafka" else respawn(old)
         if name == "s3" and self.s3 is not None:
             wait_until(lambda: s3_healthy(self.s3), "radosgw HTTP", 60, self.services[i])
         self._save()
