@@ -29,6 +29,17 @@ def settings(stack: LocalStack) -> StackSettings:
     return s
 
 
+@pytest.fixture(scope="module")
+def sites():
+    """Our multi-page sites, served for one test module."""
+    from rollout.suites.sites import SitesSuite
+
+    suite = SitesSuite()
+    suite.start()
+    yield suite
+    suite.stop()
+
+
 def pytest_terminal_summary(terminalreporter):
     """The fault matrix's accounting table, when fault tests ran."""
     from faults import TABLE, markdown

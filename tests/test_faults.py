@@ -17,7 +17,7 @@ import time
 import uuid
 
 import pytest
-from faults import account, log_ids
+from faults import account, ledger_ids, log_ids
 
 from pipeline.bus import EventProducer, create_topics, read_log
 from pipeline.ledger import LedgerWriter
@@ -33,16 +33,6 @@ from rollout.pool import PoolConfig, RolloutPool
 from schemas import EpisodeFinished, GroupCompleted, StepRecorded
 
 SHA = "cd" * 32
-
-
-@pytest.fixture(scope="module")
-def sites():
-    from rollout.suites.sites import SitesSuite
-
-    suite = SitesSuite()
-    suite.start()
-    yield suite
-    suite.stop()
 
 
 class Publisher:
@@ -89,7 +79,7 @@ def _publish_through_a_restart(settings, run_id: str, restart):
         publisher.finish()
         after = {i for i, t in publisher.acked.items() if t > back_at}
         deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and not after <= set(_ids(settings, run_id)):
+        while time.monotonic() < deadline and not after <= set(ledger_ids(settings, run_id)):
             time.sleep(0.5)
     finally:
         stop_writer.set()
@@ -118,7 +108,7 @@ def test_broker_restart_loses_at_most_the_writers_lag(stack, settings, tmp_path)
         publisher, _, down_at = _publish_through_a_restart(settings, run_id, restart)
     finally:
         own.down()
-    lost = set(publisher.acked) - set(_ids(settings, run_id))
+    lost = set(publisher.acked) - set(ledger_ids(settings, run_id))
     window = max((down_at - publisher.acked[i] for i in lost), default=0.0)
     row = account("broker (Tansu, in memory) SIGKILLed and restarted mid-run", publisher.acked, settings, run_id,
                   note=f"{len(publisher.failed)} sends failed and were reported as failed; lost events were "
@@ -138,12 +128,6 @@ def test_compose_kafka_restart_loses_nothing(settings, tmp_path):
         ["docker", "compose", "restart", "kafka"], check=True, timeout=300))
     row = account("broker (Apache Kafka, compose) restarted mid-run", publisher.acked, settings, run_id)
     assert row.lost == 0 and row.duplicated == 0
-
-
-def _ids(settings, run_id):
-    from faults import ledger_ids
-
-    return ledger_ids(settings, run_id)
 
 
 def run_pool(settings, suite, groups: int, during=None, workers: int = 2, group_size: int = 2):

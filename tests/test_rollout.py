@@ -26,16 +26,6 @@ from rollout.types import PolicyOutput
 from schemas import EpisodeFinished, EpisodeStarted, GroupCompleted, PolicyVersionPublished, StepRecorded
 
 
-@pytest.fixture(scope="module")
-def sites():
-    from rollout.suites.sites import SitesSuite
-
-    suite = SitesSuite()
-    suite.start()
-    yield suite
-    suite.stop()
-
-
 def run_pool(settings, suite, policy, groups: int, workers: int, group_size: int = 4, som: bool = False,
              tasks=None):
     run_id = f"test-{uuid.uuid4().hex[:6]}"
