@@ -269,9 +269,13 @@ def _rejection(topic: Topic, value: bytes | None) -> Event | str:
     return event
 
 
-def read_log(settings: StackSettings, topic: Topic, timeout_s: float = 30.0) -> list[Event]:
-    """Every valid event on `topic` from the start up to its current end, without joining a group
-    (used to fold state on start-up, e.g. the trainer's last published version)."""
+def read_records(settings: StackSettings, topic: Topic, timeout_s: float = 30.0) -> list:
+    """Every record of `topic` (raw `ConsumerRecord`s) from the start up to its current end, without
+    joining a group.
+
+    "The end" is the high watermark that fetch responses carry, not `end_offsets()`: the local broker
+    answers ListOffsets with the last batch's base offset + 1, so a reader that trusted it would stop
+    short of every record but the first of a final multi-record batch."""
     kafka = KafkaConsumer(bootstrap_servers=settings.kafka_bootstrap, client_id="awrl-reader",
                           enable_auto_commit=False, max_partition_fetch_bytes=16 * 1024 * 1024)
     try:
@@ -279,17 +283,27 @@ def read_log(settings: StackSettings, topic: Topic, timeout_s: float = 30.0) -> 
         partitions = [TopicPartition(name, p) for p in sorted(kafka.partitions_for_topic(name) or ())]
         kafka.assign(partitions)
         kafka.seek_to_beginning(*partitions)
-        end = kafka.end_offsets(partitions)
-        events: list[Event] = []
+        records: list = []
         deadline = time.monotonic() + timeout_s
-        while any(kafka.position(tp) < end[tp] for tp in partitions):
+        while not all(_at_end(kafka, tp) for tp in partitions):
             if time.monotonic() > deadline:
                 raise TimeoutError(f"reading {name} did not reach its end in {timeout_s} s")
-            for records in kafka.poll(timeout_ms=500).values():
-                events += [e for r in records if isinstance(e := _rejection(topic, r.value), Event)]
-        return events
+            for batch in kafka.poll(timeout_ms=500).values():
+                records += batch
+        return records
     finally:
         kafka.close()
+
+
+def _at_end(kafka: KafkaConsumer, tp: TopicPartition) -> bool:
+    highwater = kafka.highwater(tp)  # None until a fetch for `tp` has come back
+    return highwater is not None and kafka.position(tp) >= highwater
+
+
+def read_log(settings: StackSettings, topic: Topic, timeout_s: float = 30.0) -> list[Event]:
+    """Every valid event on `topic` from the start up to its current end (used to fold state on
+    start-up, e.g. the trainer's last published version)."""
+    return [e for r in read_records(settings, topic, timeout_s) if isinstance(e := _rejection(topic, r.value), Event)]
 
 
 def follow(settings: StackSettings, topic: Topic, run_id: str, on_event, stop, producer: EventProducer,

@@ -7,7 +7,7 @@ from collections import defaultdict
 
 from kafka import KafkaConsumer
 
-from pipeline.bus import EventConsumer, EventProducer, topic_name
+from pipeline.bus import EventConsumer, EventProducer, read_log, topic_name
 from pipeline.samples import sample_step
 from pipeline.topics import DEAD_LETTER, ROLLOUT, TRAINER
 from schemas import EpisodeFinished
@@ -91,3 +91,18 @@ def test_bad_messages_go_to_dead_letter_with_reason_and_consumer_goes_on(setting
     assert "does not belong on topic 'trainer'" in reasons[good.model_dump_json().encode()]
     assert "reward" in reasons[bad[4]]
     assert all(dict(r.headers)["source_offset"] for r in records)
+
+
+def test_read_log_reaches_the_end_of_a_final_multi_record_batch(settings):
+    """The local broker's ListOffsets says a partition ends at its last batch's base offset + 1; a
+    reader that stopped there lost the trainer's last published versions on resume (and the fuzz
+    test's last dead letters). Two batches of 600, read 500 records per poll: it must return all 1200."""
+    producer = EventProducer(settings, linger_ms=50)
+    events = [EpisodeFinished(run_id="r-end", trajectory_id=f"t{i}", group_id="g", task_id="x", outcome="success",
+                              reward=1.0, num_steps=1, reason="ok") for i in range(1200)]
+    for chunk in (events[:600], events[600:]):
+        producer.publish_all(chunk)  # one acknowledged batch each (same key, same partition)
+    producer.close()
+
+    mine = [e for e in read_log(settings, ROLLOUT) if e.run_id == "r-end"]
+    assert [e.trajectory_id for e in mine] == [e.trajectory_id for e in events]

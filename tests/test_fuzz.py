@@ -10,17 +10,14 @@ from __future__ import annotations
 
 import json
 import random
-import time
 from dataclasses import dataclass
 
 import pyarrow.parquet as pq
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings as hsettings
 from hypothesis import strategies as st
-from kafka import KafkaConsumer
-from kafka.structs import TopicPartition
 
-from pipeline.bus import EventProducer, _rejection, topic_name
+from pipeline.bus import EventProducer, _rejection, read_records, topic_name
 from pipeline.ledger import LedgerConfig, LedgerWriter, ledger_filesystem, list_parquet
 from pipeline.samples import sample_group
 from pipeline.topics import DEAD_LETTER, ROLLOUT, TASKS, TRAINER, Topic, topic_of
@@ -239,28 +236,6 @@ def send(producer: EventProducer, stream: list) -> dict[tuple[str, int, int], Me
     return {(md.topic, md.partition, md.offset): m for md, m in landed if isinstance(m, Message)}
 
 
-def read_all(settings, topic: Topic) -> list:
-    """Every record of `topic`, from the start to its current end."""
-    kafka = KafkaConsumer(bootstrap_servers=settings.kafka_bootstrap, enable_auto_commit=False,
-                          max_partition_fetch_bytes=16 * 1024 * 1024)
-    try:
-        name = topic_name(settings, topic)
-        partitions = [TopicPartition(name, p) for p in sorted(kafka.partitions_for_topic(name))]
-        kafka.assign(partitions)
-        kafka.seek_to_beginning(*partitions)
-        end = kafka.end_offsets(partitions)
-        records = []
-        deadline = time.monotonic() + 120  # a guard against hanging, not a measurement
-        while any(kafka.position(tp) < end[tp] for tp in partitions):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{name} did not reach its end offsets {end}")
-            for batch in kafka.poll(timeout_ms=1000).values():
-                records += batch
-        return records
-    finally:
-        kafka.close()
-
-
 def ledger_ids(settings) -> list[str]:
     fs, root = ledger_filesystem(settings)
     return [i for path in list_parquet(fs, root)
@@ -294,7 +269,7 @@ def test_10k_malformed_messages_all_dead_lettered_once_and_valid_ones_still_writ
 
     assert (stats.written, stats.duplicates, stats.dead_lettered) == (len(valid), 0, TOTAL)
     assert sorted(ledger_ids(settings)) == sorted(e.event_id for e in valid)
-    dead = read_all(settings, DEAD_LETTER)
+    dead = read_records(settings, DEAD_LETTER, timeout_s=120)
     origins = []
     for record in dead:
         h = dict(record.headers)
