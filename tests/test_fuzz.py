@@ -17,6 +17,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings as hsettings
 from hypothesis import strategies as st
 
+from faults import ledger_ids
 from pipeline.bus import EventProducer, _rejection, read_records, topic_name
 from pipeline.ledger import LedgerConfig, LedgerWriter, ledger_filesystem, list_parquet
 from pipeline.samples import sample_group
@@ -234,12 +235,6 @@ def send(producer: EventProducer, stream: list) -> dict[tuple[str, int, int], Me
     producer.flush(timeout=120)
     landed = [(f.get(timeout=120), m) for f, m in futures]  # raises if the broker refused any
     return {(md.topic, md.partition, md.offset): m for md, m in landed if isinstance(m, Message)}
-
-
-def ledger_ids(settings) -> list[str]:
-    fs, root = ledger_filesystem(settings)
-    return [i for path in list_parquet(fs, root)
-            for i in pq.read_table(path, columns=["event_id"]).column(0).to_pylist()]
 
 
 @pytest.fixture()

@@ -30,14 +30,6 @@ OPS = {"click", "type", "select", "press", "goto", "answer", "stop"}
 SITES = ("shop", "wiki", "forms")
 
 
-@pytest.fixture(scope="module")
-def suite():
-    s = SitesSuite()
-    s.start()
-    yield s
-    s.stop()
-
-
 async def _browser():
     pw = await async_playwright().start()
     browser = await pw.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
@@ -154,12 +146,12 @@ async def _browser_runs(suite: SitesSuite) -> dict:
 
 
 @pytest.fixture(scope="module")
-def runs(suite) -> dict:
-    return asyncio.run(_browser_runs(suite))
+def runs(sites) -> dict:
+    return asyncio.run(_browser_runs(sites))
 
 
 @pytest.mark.parametrize("site", SITES)
-def test_oracle_plans_succeed(suite, runs, site):
+def test_oracle_plans_succeed(sites, runs, site):
     done = [(t, v) for t, v in runs["oracle"] if t.site == site]
     assert {(t.difficulty, t.split) for t, _ in done} == {(d, s) for d in HORIZONS for s in ("train", "heldout")}
     assert len(done) == 6
@@ -167,12 +159,12 @@ def test_oracle_plans_succeed(suite, runs, site):
         assert verdict.success, f"{task.task_id}: {verdict.reason}"
 
 
-def test_task_set_shape(suite):
-    tasks = suite.tasks()
+def test_task_set_shape(sites):
+    tasks = sites.tasks()
     assert len(tasks) == 180 and len({t.task_id for t in tasks}) == 180
-    assert len(suite.tasks("heldout")) == 54
-    train = {(t.site, t.template) for t in suite.tasks("train")}
-    assert not train & {(t.site, t.template) for t in suite.tasks("heldout")}, "split must be by template"
+    assert len(sites.tasks("heldout")) == 54
+    train = {(t.site, t.template) for t in sites.tasks("train")}
+    assert not train & {(t.site, t.template) for t in sites.tasks("heldout")}, "split must be by template"
     for t in tasks:
         assert {s["op"] for s in t.oracle} <= OPS and t.oracle[-1]["op"] in ("answer", "stop")
         assert len(t.oracle) <= t.horizon, t.task_id
@@ -185,13 +177,13 @@ def test_failures_are_judged_failures(runs):
     assert not verdicts["forms"].success and "not submitted" in verdicts["forms"].reason
 
 
-def test_sessions_are_per_context_and_state_is_judge_only(suite, runs):
+def test_sessions_are_per_context_and_state_is_judge_only(sites, runs):
     seen = runs["sessions"]
     assert seen["badge"] == "1 item"
     assert seen["states"][0]["cart"] == {"sku-1": 1} and seen["states"][1]["cart"] == {}
     assert seen["agent_status"] == 403
     for headers in ({}, {"X-Judge-Token": "guess"}):
-        req = urllib.request.Request(suite.base_url + "/__state", headers=headers)
+        req = urllib.request.Request(sites.base_url + "/__state", headers=headers)
         with pytest.raises(urllib.error.HTTPError) as e:
             urllib.request.urlopen(req, timeout=5)
         assert e.value.code == 403
@@ -230,9 +222,9 @@ def test_generator_is_deterministic_and_files_are_current(tmp_path):
         assert fresh == (TASKS_DIR / f"{site}.jsonl").read_bytes(), f"rerun the generator: {site}"
 
 
-def test_oracle_step_follows_plan(suite):
-    task = suite.tasks()[0]
+def test_oracle_step_follows_plan(sites):
+    task = sites.tasks()[0]
     obs = Observation(instruction="", screenshots=[], screenshot_sha256=[], url="", feedback="", history=[],
                       memory={}, marks=[], som=True, step=0, horizon=task.horizon, task=task)
-    assert suite.oracle_step(obs) == task.oracle[0]
-    assert suite.oracle_step(Observation(**{**obs.__dict__, "step": 99})) == {"op": "stop"}
+    assert sites.oracle_step(obs) == task.oracle[0]
+    assert sites.oracle_step(Observation(**{**obs.__dict__, "step": 99})) == {"op": "stop"}
