@@ -16,9 +16,8 @@ from dataclasses import dataclass
 
 from rollout.actions import describe, parse_response
 from rollout.browser import BrowserWorker
-from rollout.execute import execute, settle
-from rollout.som import collect_marks, draw_marks
-from rollout.types import Observation, PastStep, Policy, Suite, Task, Verdict
+from rollout.execute import BrowserScreen
+from rollout.types import Observation, PastStep, Policy, Screen, Suite, Task, Verdict
 from schemas import EpisodeFinished, EpisodeStarted, Event, StepRecorded, StepTimings
 
 
@@ -52,7 +51,7 @@ class EpisodeContext:
 async def run_episode(ctx: EpisodeContext, task: Task, group_id: str) -> EpisodeFinished:
     tid = uuid.uuid4().hex
     ids = dict(run_id=ctx.run_id, trajectory_id=tid, group_id=group_id, task_id=task.task_id)
-    context = None
+    screen: Screen | None = None
     steps = 0
     started = False
     recorded = [0]  # steps emitted so far, also when the browser dies mid-episode
@@ -64,12 +63,11 @@ async def run_episode(ctx: EpisodeContext, task: Task, group_id: str) -> Episode
         started = True
 
     try:
-        context = await ctx.worker.new_context()
-        page = await context.new_page()
-        instruction = await asyncio.wait_for(ctx.suite.reset(page, task), ctx.config.step_timeout_s)
-        await settle(page)
+        screen = await _open(ctx)
+        instruction = await asyncio.wait_for(ctx.suite.reset(screen.page, task), ctx.config.step_timeout_s)
+        await screen.settle()
         start(instruction)
-        verdict, answer = await _loop(ctx, page, task, instruction, ids, recorded)
+        verdict, answer = await _loop(ctx, screen, task, instruction, ids, recorded)
         steps = verdict[1]
         outcome = "success" if verdict[0].success else "failure"
         reason = verdict[0].reason
@@ -80,18 +78,22 @@ async def run_episode(ctx: EpisodeContext, task: Task, group_id: str) -> Episode
         if not started:
             start(task.instruction)
     finally:
-        if context is not None:
-            try:
-                await asyncio.wait_for(context.close(), 5)
-            except Exception:
-                ctx.worker.kill()
+        if screen is not None:
+            await screen.close()
     finished = EpisodeFinished(**ids, outcome=outcome, reward=1.0 if outcome == "success" else 0.0,
                                num_steps=steps, reason=reason, answer=answer)
     ctx.emit(finished)
     return finished
 
 
-async def _loop(ctx: EpisodeContext, page, task: Task, instruction: str, ids: dict, recorded: list[int]):
+async def _open(ctx: EpisodeContext) -> Screen:
+    """A synthetic suite draws its own screens (no browser); a web suite gets a fresh browser context."""
+    if not ctx.suite.needs_browser:
+        return ctx.suite.new_screen()
+    return await BrowserScreen.open(ctx.worker)
+
+
+async def _loop(ctx: EpisodeContext, screen: Screen, task: Task, instruction: str, ids: dict, recorded: list[int]):
     cfg = ctx.config
     history: list[PastStep] = []
     memory: dict[str, str] = {}
@@ -99,19 +101,19 @@ async def _loop(ctx: EpisodeContext, page, task: Task, instruction: str, ids: di
     shots: deque[tuple[bytes, str]] = deque(maxlen=cfg.screenshots_k)
     for step in range(task.horizon):
         await ctx.refresh()
-        png, marks = await asyncio.wait_for(_observe(page, cfg.som), cfg.step_timeout_s)
+        png, marks = await asyncio.wait_for(screen.observe(cfg.som), cfg.step_timeout_s)
         sha = await ctx.put_screenshot(png)
         shots.append((png, sha))
         obs = Observation(instruction=instruction, screenshots=[s[0] for s in shots],
-                          screenshot_sha256=[s[1] for s in shots], url=page.url, feedback=feedback,
+                          screenshot_sha256=[s[1] for s in shots], url=screen.url, feedback=feedback,
                           history=list(history), memory=dict(memory), marks=marks, som=cfg.som, step=step,
-                          horizon=task.horizon, task=task, viewport=_viewport(page))
+                          horizon=task.horizon, task=task, viewport=screen.viewport)
         t0 = time.perf_counter()
         version = ctx.policy.version
         out = await asyncio.wait_for(ctx.policy.act(obs), cfg.step_timeout_s)
         policy_s = time.perf_counter() - t0
         parsed = parse_response(out.response_text, memory, cfg.allowed_hosts, obs.viewport)
-        done = await asyncio.wait_for(execute(page, parsed.action, marks), cfg.step_timeout_s)
+        done = await asyncio.wait_for(screen.execute(parsed.action, marks), cfg.step_timeout_s)
         ctx.emit(StepRecorded(
             **ids, step=step, screenshot_sha256=sha, url=obs.url, action=parsed.action,
             response_text=_encodable(out.response_text), memory=parsed.memory, prompt_token_ids=out.prompt_token_ids,
@@ -125,9 +127,9 @@ async def _loop(ctx: EpisodeContext, page, task: Task, instruction: str, ids: di
         memory, feedback = parsed.memory, done.feedback
         if parsed.action.kind in ("answer", "stop"):
             answer = parsed.action.text if parsed.action.kind == "answer" else ""
-            verdict = await ctx.suite.judge(page, task, answer, final=True)
+            verdict = await ctx.suite.judge(screen.page, task, answer, final=True)
             return (verdict, step + 1), answer
-        verdict = await ctx.suite.judge(page, task, None, final=False)
+        verdict = await ctx.suite.judge(screen.page, task, None, final=False)
         if verdict is not None:
             return (verdict, step + 1), None
     return (Verdict(False, f"horizon of {task.horizon} steps reached"), task.horizon), None
@@ -136,23 +138,3 @@ async def _loop(ctx: EpisodeContext, page, task: Task, instruction: str, ids: di
 def _encodable(text: str) -> str:
     """Model output as recorded: a lone surrogate (which no JSON encoder accepts) becomes `?`."""
     return text if text.isascii() else text.encode("utf-8", "replace").decode("utf-8")
-
-
-def _viewport(page) -> tuple[int, int]:
-    size = page.viewport_size or {"width": 1280, "height": 720}
-    return size["width"], size["height"]
-
-
-async def _observe(page, som: bool, attempts: int = 4) -> tuple[bytes, list]:
-    """Marks + screenshot of a settled page. A navigation that starts late (a form submit after the
-    click returned) destroys the JS context mid-read: wait for the new page and read again."""
-    for attempt in range(attempts):
-        try:
-            marks = await collect_marks(page)
-            png = await page.screenshot(type="png")
-            return (draw_marks(png, marks) if som else png), marks
-        except Exception as exc:
-            if attempt == attempts - 1 or "context was destroyed" not in str(exc):
-                raise
-            await settle(page)
-    raise AssertionError("unreachable")

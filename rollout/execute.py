@@ -7,11 +7,12 @@ names the element acted on and what changed: "clicked button 'Add to cart'", "na
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass
 from urllib.parse import urlparse
 
-from rollout.som import MARK_ATTR
+from rollout.som import MARK_ATTR, collect_marks, draw_marks
 from rollout.types import Mark
 from schemas import Action
 
@@ -46,6 +47,53 @@ class Executed:
     error_class: str | None
     browser_s: float
     wait_s: float
+
+
+class BrowserScreen:
+    """A Playwright page in a fresh browser context, as the episode loop sees it (`rollout.types.Screen`)."""
+
+    def __init__(self, worker, context, page):
+        self.worker, self.context, self.page = worker, context, page
+
+    @classmethod
+    async def open(cls, worker) -> BrowserScreen:
+        context = await worker.new_context()
+        return cls(worker, context, await context.new_page())
+
+    @property
+    def url(self) -> str:
+        return self.page.url
+
+    @property
+    def viewport(self) -> tuple[int, int]:
+        size = self.page.viewport_size or {"width": 1280, "height": 720}
+        return size["width"], size["height"]
+
+    async def settle(self) -> None:
+        await settle(self.page)
+
+    async def observe(self, som: bool, attempts: int = 4) -> tuple[bytes, list[Mark]]:
+        """Marks + screenshot of a settled page. A navigation that starts late (a form submit after the
+        click returned) destroys the JS context mid-read: wait for the new page and read again."""
+        for attempt in range(attempts):
+            try:
+                marks = await collect_marks(self.page)
+                png = await self.page.screenshot(type="png")
+                return (draw_marks(png, marks) if som else png), marks
+            except Exception as exc:
+                if attempt == attempts - 1 or "context was destroyed" not in str(exc):
+                    raise
+                await settle(self.page)
+        raise AssertionError("unreachable")
+
+    async def execute(self, action: Action, marks: list[Mark]) -> Executed:
+        return await execute(self.page, action, marks)
+
+    async def close(self) -> None:
+        try:
+            await asyncio.wait_for(self.context.close(), 5)
+        except Exception:
+            self.worker.kill()
 
 
 async def execute(page, action: Action, marks: list[Mark]) -> Executed:

@@ -135,7 +135,8 @@ class RolloutPool:
         self._max_groups, self._capacity, self._on_progress = max_groups, capacity, on_progress
         async with async_playwright() as pw:
             workers = [BrowserWorker(pw, f"w{i}", self.config.browser) for i in range(self.config.workers)]
-            await asyncio.gather(*(w.ensure() for w in workers))
+            if any(s.needs_browser for s in self.suites.values()):  # synthetic suites draw their own screens
+                await asyncio.gather(*(w.ensure() for w in workers))
             self.workers = workers
             self.stats.started = time.monotonic()  # rates count from when the browsers are up
             runners = [asyncio.create_task(self._work(w, jobs)) for w in workers]
@@ -172,7 +173,7 @@ class RolloutPool:
             await self._catch_up(group.dispatch.dispatched_at_version)
             t0 = time.perf_counter()
             finished = await run_episode(ctx, group.task, group.dispatch.group_id)
-            if not self.config.everlasting:
+            if not self.config.everlasting and ctx.suite.needs_browser:
                 await worker.close()
                 await worker.ensure()
             self._count(finished)

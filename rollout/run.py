@@ -21,7 +21,7 @@ from rollout.pool import PoolConfig, PoolStats, RolloutPool
 from rollout.types import Policy, Suite
 from trainer.staleness import StalenessBudget
 
-SUITES = ("sites", "miniwob")
+SUITES = ("sites", "miniwob", "boxes")
 POLICIES = ("oracle", "random", "local", "vllm", "demo")
 
 
@@ -34,6 +34,10 @@ def make_suite(name: str) -> Suite:
         from rollout.suites.miniwob import MiniWobSuite
 
         return MiniWobSuite()
+    if name == "boxes":
+        from rollout.suites.boxes import BoxesSuite
+
+        return BoxesSuite()
     raise ValueError(f"unknown suite {name!r}; choose from {SUITES}")
 
 

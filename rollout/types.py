@@ -23,7 +23,7 @@ class Task(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     task_id: str = Field(min_length=1)
-    suite: Literal["sites", "miniwob"]
+    suite: Literal["sites", "miniwob", "boxes"]
     site: str = Field(min_length=1)
     """`shop`, `wiki`, `forms`, ... for our sites; the MiniWoB++ task name (e.g. `click-button`)."""
     template: str = Field(min_length=1)
@@ -137,12 +137,41 @@ class Verdict:
     reason: str
 
 
+class Screen(Protocol):
+    """What an episode acts on: a browser page (`rollout.execute.BrowserScreen`) or a screen that a
+    synthetic suite draws itself, with no browser (`rollout.suites.boxes`)."""
+
+    page: object
+    """The suite's own handle, passed to `Suite.reset` and `Suite.judge` (a Playwright page for web suites)."""
+
+    @property
+    def url(self) -> str: ...
+
+    @property
+    def viewport(self) -> tuple[int, int]: ...
+
+    async def settle(self) -> None: ...
+
+    async def observe(self, som: bool) -> tuple[bytes, list[Mark]]:
+        """(PNG screenshot, marks); in Set-of-Mark mode the marks are drawn on the screenshot."""
+
+    async def execute(self, action, marks: list[Mark]):
+        """Carry out the action; a `rollout.execute.Executed` with the feedback text."""
+
+    async def close(self) -> None: ...
+
+
 class Suite(Protocol):
     """A family of tasks served from 127.0.0.1 with its own judge."""
 
     name: str
     base_url: str
     """`http://127.0.0.1:PORT` once started."""
+    needs_browser: bool
+    """False for a synthetic suite that draws its own screens (`new_screen`): no browser is launched."""
+
+    def new_screen(self) -> Screen:
+        """A fresh screen for one episode (synthetic suites only)."""
 
     def start(self) -> None:
         """Start the local server (idempotent)."""

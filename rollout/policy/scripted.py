@@ -38,12 +38,13 @@ class OraclePolicy:
 def _resolve(step: dict, obs: Observation) -> tuple[str, dict]:
     op = step.get("op")
     if op in ("click", "type", "select"):
-        mark = _find(obs.marks, str(step.get("name", "")), step.get("role"))
+        by_id = next((m for m in obs.marks if m.id == step["mark"]), None) if "mark" in step else None
+        mark = by_id or _find(obs.marks, str(step.get("name", "")), step.get("role"))
         if mark is None:
             return "oracle: scroll to find " + str(step.get("name")), {"kind": "scroll", "dx": 0, "dy": 300}
         target = {"mark": mark.id} if obs.som else dict(zip(("x", "y"), mark.center))
         if op == "click":
-            return f"oracle: click {mark.name}", {"kind": "click", **target}
+            return str(step.get("thought") or f"oracle: click {mark.name}"), {"kind": "click", **target}
         return f"oracle: {op} into {mark.name}", {"kind": "type", "text": str(step["text"]), **target}
     if op == "press":
         return "oracle: press", {"kind": "press", "key": str(step["key"])}

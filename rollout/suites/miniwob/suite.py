@@ -86,6 +86,7 @@ class MiniWobSuite:
     """The MiniWoB++ tasks listed in `tasks.jsonl`, served from a local stdlib HTTP server."""
 
     name = "miniwob"
+    needs_browser = True
     viewport = VIEWPORT
 
     def __init__(self, tasks_file: Path | str = TASKS_FILE, html_dir: Path | str = HTML_DIR):

@@ -21,6 +21,7 @@ SPLITS = ("train", "heldout")
 
 class SitesSuite:
     name = "sites"
+    needs_browser = True
     allowed_hosts = {"127.0.0.1"}
 
     def __init__(self, tasks_dir: Path = TASKS_DIR, port: int = 0):

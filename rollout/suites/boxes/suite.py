@@ -1,0 +1,170 @@
+"""Boxes: a synthetic visual task with a known optimum, for testing the learning path without a browser.
+
+A 256x128 screen shows four boxes, one of each colour, in a row, in an order and at places drawn from
+the task's seed. Each box carries its Set-of-Mark id, which is fixed per colour (red is always 0,
+blue 1, ...); the prompt lists the marks left to right without their colours (`[2] button "box"`), so
+the instruction's is the only colour word in the text. The instruction names one colour; the first
+action ends the episode: a click on that box (by mark or inside it) scores 1, anything else 0. The
+optimum is 1.0, a policy that picks a box at random scores 1/BOXES, and every group of a policy in
+between has rewards that differ, so the trainer sees dense reward variance.
+
+Everything around the screen is production: the pool, the events on the broker, the ledger, the
+trainer's batch builder, losses and torchrun update, the version events and the in-place refresh.
+Only the page is drawn here instead of by Chromium, so a learning run costs seconds, not minutes.
+
+Templates:
+- `colour`: "Click the red box." The task.
+- `any`: "Click any box." Every box is right, and the oracle picks one at random (seeded by the task).
+  Its demonstrations teach the output format and a uniform choice of box, never which box a colour
+  means: the warm start of the controlled learning test (`tests/test_learning.py`) is at chance.
+
+Splits: `train` seeds 0..TRAIN_SEEDS-1 of both templates; `test` seeds from TEST_SEED on (`colour`
+only): layouts and colour orders never trained on.
+"""
+
+from __future__ import annotations
+
+import io
+import random
+from dataclasses import dataclass
+
+from PIL import Image, ImageDraw
+
+from rollout.execute import Executed
+from rollout.som import draw_marks
+from rollout.types import Mark, Observation, Task, Verdict
+from schemas import Action
+
+PALETTE = {"red": (220, 30, 30), "blue": (30, 60, 220), "green": (30, 160, 60), "black": (10, 10, 10)}
+COLOURS = list(PALETTE)
+"""A colour's box always carries the mark of the colour's index here, wherever the box is drawn."""
+BOXES = 4
+SIZE = (256, 128)
+BOX = 40
+TRAIN_SEEDS = 500
+TEST_SEED, TEST_SEEDS = 100_000, 200
+URL = "http://127.0.0.1/boxes"
+
+
+@dataclass(frozen=True)
+class Layout:
+    colours: list[str]
+    """Colour of each box, left to right."""
+    marks: list[Mark]
+
+
+def layout(seed: int) -> Layout:
+    """The boxes of a task: colours drawn without replacement, positions jittered within equal slots."""
+    rng = random.Random(f"boxes-{seed}")
+    colours = rng.sample(COLOURS, BOXES)
+    slot = SIZE[0] // BOXES
+    marks = [Mark(id=COLOURS.index(c), role="button", name="box", x=i * slot + rng.randint(2, slot - BOX - 2),
+                  y=rng.randint(16, SIZE[1] - BOX - 4), width=BOX, height=BOX) for i, c in enumerate(colours)]
+    return Layout(colours, marks)
+
+
+def make_task(template: str, seed: int, split: str) -> Task:
+    colours = layout(seed).colours
+    if template == "any":
+        instruction, target = "Click any box.", random.Random(f"any-{seed}").choice(colours)
+    else:
+        target = random.Random(f"target-{seed}").choice(colours)
+        instruction = f"Click the {target} box."
+    return Task(task_id=f"boxes-{template}-{seed}", suite="boxes", site="boxes", template=template,
+                difficulty="easy", instruction=instruction, start_path="/boxes", seed=seed, split=split,
+                judge={"target": target, "any": int(template == "any")})
+
+
+class BoxesScreen:
+    """One episode's screen: draws the layout, records what the agent clicked."""
+
+    url = URL
+    viewport = SIZE
+
+    def __init__(self):
+        self.page = self  # the handle `BoxesSuite.reset` and `judge` receive
+        self.layout: Layout | None = None
+        self.clicked: str | None = None
+        self.acted = False
+
+    async def settle(self) -> None:
+        return None
+
+    async def observe(self, som: bool) -> tuple[bytes, list[Mark]]:
+        img = Image.new("RGB", SIZE, (180, 180, 180))
+        d = ImageDraw.Draw(img)
+        for m, colour in zip(self.layout.marks, self.layout.colours):
+            d.rectangle([m.x, m.y, m.x + m.width, m.y + m.height], fill=PALETTE[colour], outline=(90, 90, 90))
+        buf = io.BytesIO()
+        img.save(buf, format="PNG", compress_level=1)
+        png = buf.getvalue()
+        return (draw_marks(png, self.layout.marks) if som else png), self.layout.marks
+
+    async def execute(self, action: Action, marks: list[Mark]) -> Executed:
+        self.acted = True
+        feedback, error = self._do(action, {m.id: m for m in marks})
+        return Executed(feedback, error, 0.0, 0.0)
+
+    def _do(self, a: Action, marks: dict[int, Mark]) -> tuple[str, str | None]:
+        if a.kind == "invalid":
+            return f"invalid action: {a.reason}", "invalid_action"
+        if a.kind != "click":
+            return f"{a.kind} has no effect here", "no_effect"
+        if a.mark is not None:
+            box = marks.get(a.mark)
+        else:
+            box = next((m for m in marks.values() if m.x <= a.x < m.x + m.width and m.y <= a.y < m.y + m.height), None)
+        if box is None:
+            return (f"no element with mark {a.mark}", "no_such_mark") if a.mark is not None else \
+                (f"no element at ({a.x}, {a.y})", "no_element")
+        self.clicked = COLOURS[box.id]
+        return f"clicked {box.role} '{box.name}'", None
+
+    async def close(self) -> None:
+        return None
+
+
+class BoxesSuite:
+    """The `boxes` tasks (`rollout.types.Suite`); no server, no browser."""
+
+    name = "boxes"
+    needs_browser = False
+    base_url = "http://127.0.0.1"
+
+    def __init__(self):
+        train = [make_task(t, s, "train") for t in ("colour", "any") for s in range(TRAIN_SEEDS)]
+        test = [make_task("colour", s, "test") for s in range(TEST_SEED, TEST_SEED + TEST_SEEDS)]
+        self._tasks = train + test
+
+    def start(self) -> None:
+        return None
+
+    def stop(self) -> None:
+        return None
+
+    def tasks(self, split: str | None = None) -> list[Task]:
+        return [t for t in self._tasks if split is None or t.split == split]
+
+    def new_screen(self) -> BoxesScreen:
+        return BoxesScreen()
+
+    async def reset(self, page: BoxesScreen, task: Task) -> str:
+        page.layout, page.clicked, page.acted = layout(task.seed), None, False
+        return task.instruction
+
+    async def judge(self, page: BoxesScreen, task: Task, answer: str | None, final: bool) -> Verdict | None:
+        target = str(task.judge["target"])
+        if final:
+            return Verdict(False, f"answered instead of clicking the {target} box")
+        if not page.acted:
+            return None
+        if page.clicked is not None and (task.judge.get("any") or page.clicked == target):
+            return Verdict(True, f"clicked the {page.clicked} box")
+        return Verdict(False, f"clicked {page.clicked or 'no box'}, not the {target} box")
+
+    def oracle_step(self, obs: Observation) -> dict:
+        # The thought names no colour: in the `any` demonstrations a named colour would be a random
+        # choice the mark then copies, and the warm start would learn that coupling instead of the
+        # plain choice of a mark, which is the one decision the controlled test wants RL to learn.
+        mark = COLOURS.index(str(obs.task.judge["target"]))
+        return {"op": "click", "mark": mark, "thought": "click a box"}

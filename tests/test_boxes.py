@@ -1,0 +1,87 @@
+"""The boxes suite: a synthetic screen with a known optimum, served through the real pool (no browser)."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+
+from PIL import Image
+
+from pipeline.ledger import LedgerWriter, read_events
+from rollout.episode import EpisodeConfig
+from rollout.run import RolloutRequest, run_rollout
+from rollout.suites.boxes import BoxesSuite, layout, make_task
+from rollout.suites.boxes.suite import BOXES, COLOURS, PALETTE, SIZE
+from schemas import Action
+
+
+def test_layouts_are_seeded_and_marks_name_their_colour():
+    assert layout(3) == layout(3) and layout(3) != layout(4)
+    lay = layout(7)
+    assert len(set(lay.colours)) == BOXES
+    assert [COLOURS[m.id] for m in lay.marks] == lay.colours  # a colour's mark never changes
+    assert {m.name for m in lay.marks} == {"box"}  # the prompt names no colour but the instruction's
+    assert all(0 <= m.x and m.x + m.width <= SIZE[0] and m.y + m.height <= SIZE[1] for m in lay.marks)
+    assert sorted(m.x for m in lay.marks) == [m.x for m in lay.marks]  # listed left to right
+
+
+def test_splits_do_not_share_seeds():
+    suite = BoxesSuite()
+    train, test = suite.tasks("train"), suite.tasks("test")
+    assert {t.template for t in train} == {"colour", "any"} and {t.template for t in test} == {"colour"}
+    assert not {t.seed for t in train} & {t.seed for t in test}
+    task = make_task("colour", 5, "train")
+    assert task.instruction == f"Click the {task.judge['target']} box."
+
+
+def test_the_screen_draws_the_boxes_and_judges_the_first_action():
+    suite, task = BoxesSuite(), make_task("colour", 11, "test")
+    screen = suite.new_screen()
+
+    async def episode(action: Action):
+        await suite.reset(screen.page, task)
+        png, marks = await screen.observe(som=False)
+        done = await screen.execute(action, marks)
+        return png, marks, done, await suite.judge(screen.page, task, None, final=False)
+
+    target = next(m for m in layout(11).marks if COLOURS[m.id] == task.judge["target"])
+    png, marks, done, verdict = asyncio.run(episode(Action(kind="click", mark=target.id)))
+    img = Image.open(io.BytesIO(png))
+    assert img.size == SIZE and img.getpixel(target.center) == PALETTE[task.judge["target"]]
+    assert verdict.success and done.feedback == "clicked button 'box'"
+    # a click inside the box by coordinates is the same click
+    assert asyncio.run(episode(Action(kind="click", x=target.center[0], y=target.center[1])))[3].success
+    other = next(m for m in marks if m.id != target.id)
+    assert not asyncio.run(episode(Action(kind="click", mark=other.id)))[3].success
+    _, _, done, verdict = asyncio.run(episode(Action(kind="invalid", reason="no JSON")))
+    assert not verdict.success and done.error_class == "invalid_action"  # bad output ends the episode as a failure
+
+
+def test_any_box_is_right_for_the_any_template():
+    suite, task = BoxesSuite(), make_task("any", 2, "train")
+    screen = suite.new_screen()
+
+    async def click(mark: int):
+        await suite.reset(screen.page, task)
+        _, marks = await screen.observe(som=True)
+        await screen.execute(Action(kind="click", mark=mark), marks)
+        return await suite.judge(screen.page, task, None, final=False)
+
+    assert all(asyncio.run(click(m.id)).success for m in layout(2).marks)
+
+
+def test_oracle_episodes_through_the_pool_need_no_browser(settings, monkeypatch):
+    """Events on the real broker, screenshots in the real store, one step per episode; Chromium is
+    never launched (launching one fails the test)."""
+    monkeypatch.setattr("rollout.browser.BrowserWorker.ensure", _no_browser)
+    stats = run_rollout(settings, RolloutRequest(suite="boxes", policy="oracle", workers=2, group_size=2, episodes=8,
+                                                 templates=("colour",), run_id="boxes-oracle",
+                                                 episode=EpisodeConfig(som=True)), show_progress=False)
+    assert (stats.episodes, stats.successes, stats.steps) == (8, 8, 8)
+    LedgerWriter(settings).sync(idle_exit_s=2.0)
+    steps = read_events(settings, "boxes-oracle", "StepRecorded", ["action", "url"]).to_pylist()
+    assert len(steps) == 8 and all(s["action"]["kind"] == "click" for s in steps)
+
+
+async def _no_browser(self):
+    raise AssertionError("the boxes suite launched a browser")
