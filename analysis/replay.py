@@ -43,7 +43,8 @@ from rollout.policy.tiny_vlm import load_tiny_vlm
 from schemas import BY_NAME, UpdateApplied, table_to_events
 from trainer.batch import GroupAssembler, TrainGroup
 from trainer.config import TrainConfig
-from trainer.update import Scorer, StepSample, accumulate_gradients, flatten, proximal_logprobs, shard, update_stats
+from trainer.update import (Scorer, StepSample, accumulate_gradients, flatten, proximal_logprobs, set_lr, shard,
+                            update_stats)
 
 VARIANTS: dict[str, dict[str, object]] = {
     "per_trajectory": {"grpo.normalizer": "per_trajectory"},
@@ -94,12 +95,12 @@ class RunLedger:
                 by_version[u.version_before].append(u)
         return [by_version[v] for v in sorted(by_version)]
 
-    def groups(self, group_ids: list[str]) -> list[TrainGroup]:
+    def groups(self, group_ids: list[str], control: str = "none") -> list[TrainGroup]:
         """The named groups as the trainer assembled them (its own fold over the same events)."""
         out = []
         for gid in group_ids:
             completed = self._groups[gid]
-            fold = GroupAssembler(self.run_id)
+            fold = GroupAssembler(self.run_id, control)
             for tid in completed.trajectory_ids:
                 for s in self._steps[tid]:
                     fold.add(s)
@@ -149,7 +150,7 @@ def replay_batch(ledger: RunLedger, recorded: list[UpdateApplied], overrides: di
     torch.set_num_threads(int(first.stats.get("threads", 1 if world > 1 else torch.get_num_threads())))
     model, tokenizer, processor, optimizer = ledger.start(first.version_before, config)
     scorer = Scorer(model, tokenizer, processor, suppressed_token_ids(tokenizer), ledger.fetch)
-    minibatches = [ledger.groups(u.group_ids) for u in recorded]
+    minibatches = [ledger.groups(u.group_ids, config.control) for u in recorded]
     flat = [flatten(mb) for mb in minibatches]
     shards = [[shard(samples, r, world) for r in range(world)] for samples, _ in flat]
     proximal = ([[proximal_logprobs(scorer, s, config.temperature) for s in ranks] for ranks in shards]
@@ -157,6 +158,7 @@ def replay_batch(ledger: RunLedger, recorded: list[UpdateApplied], overrides: di
     out = []
     for m, (u, (_, num_trajectories)) in enumerate(zip(recorded, flat)):
         optimizer.zero_grad(set_to_none=False)
+        set_lr(optimizer, config, u.update_step)
         loss, tokens, grads = 0.0, [], []
         for r in range(world):
             for p in model.parameters():  # each rank accumulates alone, from zero

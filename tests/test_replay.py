@@ -114,3 +114,39 @@ def test_replay_cli_writes_the_side_by_side_report(recorded, tmp_path):
     assert "Bit-exact replay of the recorded config: 1/1 batches." in report and (tmp_path / "replay.png").exists()
     res = CliRunner().invoke(app, ["replay", run_id, "--variant", "nope"], env=env)
     assert res.exit_code == 2 and "unknown variant" in res.output
+
+
+@pytest.fixture(scope="module")
+def recorded_epochs(stack, tmp_path_factory):
+    """Run `re-*`: 2 batches of 2 groups, 2 PPO epochs of 2 minibatches each (4 optimizer steps a version),
+    a warm-up, and the shuffled-rewards control; 1 process."""
+    import os
+
+    from pipeline.bus import create_topics
+
+    settings = stack.settings().model_copy(update={"topic_prefix": f"t{uuid.uuid4().hex[:8]}",
+                                                   "ledger_uri": str(tmp_path_factory.mktemp("ledger"))})
+    create_topics(settings)
+    run_id = f"re-{uuid.uuid4().hex[:6]}"
+    publish_groups(settings, run_id, 4)
+    config = TrainConfig(run_id=run_id, groups_per_update=2, minibatches=2, ppo_epochs=2, warmup_updates=3,
+                         lr=1e-3, control="shuffled_rewards", max_updates=8, batch_timeout_s=30)
+    assert launch(config, nproc=1, env={**os.environ, **settings.environ()}) == 0
+    LedgerWriter(settings).sync(idle_exit_s=3.0)
+    return settings, run_id, config
+
+
+@slow
+@pytest.mark.timeout(900)
+def test_epochs_schedule_and_control_replay_bit_exact(recorded_epochs):
+    settings, run_id, config = recorded_epochs
+    results = replay(settings, run_id)
+    assert [b.version_before for b in results] == [0, 1]
+    steps = [u for b in results for u in b.recorded]
+    assert [u.update_step for u in steps] == list(range(8))
+    assert [u.version_after for u in steps] == [0, 0, 0, 1, 1, 1, 1, 2]
+    assert [u.stats["lr"] for u in steps] == [config.lr_at(s) for s in range(8)]
+    assert [u.group_ids for u in steps[:2]] == [u.group_ids for u in steps[2:4]]  # epoch 2 repeats the minibatches
+    assert max(u.stats["clip_frac"] for u in steps) > 0 or max(u.stats["approx_kl"] for u in steps) > 0
+    for b in results:
+        assert b.exact, [(r.loss, u.loss) for r, u in zip(b.same, b.recorded)]

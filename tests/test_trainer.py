@@ -154,3 +154,26 @@ def test_torchrun_two_processes_compute_the_one_process_gradient(tmp_path):
         grads[n] = torch.load(out)
     assert grads[1].abs().sum() > 0
     assert torch.allclose(grads[1], grads[2], atol=1e-6, rtol=1e-4)
+
+
+def test_learning_rate_warms_up_then_decays_linearly():
+    config = TrainConfig(run_id="r", lr=1e-3, warmup_updates=4, decay_updates=10, min_lr_ratio=0.1)
+    # warm-up: (step + 1) / 4 of the rate; decay: from step 4 to step 10, down to 0.1 of it
+    expected = [2.5e-4, 5e-4, 7.5e-4, 1e-3, 1e-3, 8.5e-4, 7e-4, 5.5e-4, 4e-4, 2.5e-4, 1e-4, 1e-4]
+    assert [round(config.lr_at(s), 12) for s in range(12)] == pytest.approx(expected)
+    assert TrainConfig(run_id="r", lr=3e-4).lr_at(0) == TrainConfig(run_id="r", lr=3e-4).lr_at(99) == 3e-4
+
+
+def test_shuffled_rewards_are_a_seeded_permutation_of_the_group_rewards():
+    from trainer.batch import control_rewards
+
+    group = GroupCompleted(run_id="r", group_id="g1", task_id="t", trajectory_ids=list("abcdefgh"),
+                           rewards=[1, 0, 0, 1, 0, 0, 0, 1], num_steps=[1] * 8, outcomes=["success"] * 8,
+                           min_policy_version=0, max_policy_version=0)
+    assert control_rewards(group) == group.rewards
+    shuffled = control_rewards(group, "shuffled_rewards")
+    assert sorted(shuffled) == sorted(group.rewards) and shuffled == control_rewards(group, "shuffled_rewards")
+    other = group.model_copy(update={"group_id": "g2"})
+    assert control_rewards(other, "shuffled_rewards") != shuffled  # a different group, a different draw
+    with pytest.raises(ValueError, match="unknown control"):
+        control_rewards(group, "negated")

@@ -16,6 +16,7 @@ finished; groups it had already trained are skipped by id (`skip`).
 
 from __future__ import annotations
 
+import random
 import time
 from collections import defaultdict
 from collections.abc import Iterable
@@ -63,6 +64,16 @@ class TrainGroup:
         return list(dict.fromkeys(h for s in steps for h in [s.screenshot_sha256, *s.prompt_screenshot_sha256]))
 
 
+def control_rewards(completed: GroupCompleted, control: str = "none") -> list[float]:
+    """The rewards advantages are computed from: the group's own, or for the `shuffled_rewards` negative
+    control (`TrainConfig.control`) a permutation of them seeded by the group id (so replay repeats it)."""
+    if control == "none":
+        return list(completed.rewards)
+    if control == "shuffled_rewards":
+        return random.Random(completed.group_id).sample(completed.rewards, len(completed.rewards))
+    raise ValueError(f"unknown control {control!r}")
+
+
 @dataclass
 class _Pending:
     steps: dict[str, list[StepRecorded]] = field(default_factory=lambda: defaultdict(list))
@@ -72,8 +83,8 @@ class _Pending:
 class GroupAssembler:
     """Fold over one run's rollout events; `add` returns a `TrainGroup` when a group completes."""
 
-    def __init__(self, run_id: str):
-        self.run_id = run_id
+    def __init__(self, run_id: str, control: str = "none"):
+        self.run_id, self.control = run_id, control
         self._pending: dict[str, _Pending] = {}
         self._held: dict[str, dict[Partition, int]] = {}
         """Groups handed out but not yet trained or dropped: their positions hold back commits."""
@@ -93,7 +104,8 @@ class GroupAssembler:
         del self._pending[group_id]
         self._held[group_id] = pending.first_offsets
         trajectories = [sorted(pending.steps.get(t, []), key=lambda s: s.step) for t in event.trajectory_ids]
-        return TrainGroup(event, trajectories, group_advantages(event.rewards), pending.first_offsets)
+        return TrainGroup(event, trajectories, group_advantages(control_rewards(event, self.control)),
+                          pending.first_offsets)
 
     def release(self, group_id: str) -> None:
         """The group was trained (and published) or dropped: its events may be committed."""
@@ -125,7 +137,7 @@ class BatchBuilder:
         self.config, self.producer = config, producer
         self.consumer = EventConsumer(settings, config.group_id, [ROLLOUT], producer, client_id="trainer")
         self.store = ScreenshotStore.from_settings(settings)
-        self.assembler = GroupAssembler(config.run_id)
+        self.assembler = GroupAssembler(config.run_id, config.control)
         self.ready: list[TrainGroup] = []
         self.seen: set[str] = set(skip)
         self.stats = BuilderStats()

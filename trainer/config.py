@@ -29,10 +29,25 @@ class TrainConfig(BaseModel):
     minibatches: int = Field(default=1, ge=1)
     """Optimizer steps per batch (PPO minibatches, split by group). With more than one, pi_prox is
     scored in a no-grad pass first and the clip engages from the second minibatch on."""
+    ppo_epochs: int = Field(default=1, ge=1)
+    """Passes over the batch's minibatches (PPO epochs): `ppo_epochs * minibatches` optimizer steps per
+    version. From the second step on pi_theta differs from pi_prox, so the clip and `approx_kl` act."""
+    target_kl: float | None = Field(default=None, gt=0)
+    """Skip a batch's remaining optimizer steps once a step's `approx_kl` exceeds this. A step measures
+    the KL of the weights it starts from against pi_prox, so the stop follows the step that saw the
+    drift (the update it made is kept). None never stops early."""
     dynamic_sampling: bool = True
     """Drop groups whose rewards are all equal (zero advantage), OpenWebRL's trajectory-level filter."""
     lr: float = Field(default=1e-4, gt=0)
     """AdamW learning rate (a 1.6M-parameter model collapsed its output format at >= 3e-4)."""
+    warmup_updates: int = Field(default=0, ge=0)
+    """Linear learning-rate warm-up over this many optimizer steps. Adam's first steps move every
+    weight by about lr whatever the gradient's size; on small, noisy RL batches that alone can break
+    a small model's output format, so the rate ramps up while Adam's moment estimates settle."""
+    decay_updates: int | None = Field(default=None, ge=1)
+    """Linear decay of the rate from `lr` (after warm-up) to `lr * min_lr_ratio` at this optimizer step;
+    None keeps it constant."""
+    min_lr_ratio: float = Field(default=0.1, ge=0, le=1)
     weight_decay: float = 0.0
     max_grad_norm: float = Field(default=1.0, gt=0)
     """Global gradient-norm clip."""
@@ -46,6 +61,10 @@ class TrainConfig(BaseModel):
     """Give up if no full batch arrives for this long (tests, finite runs); None waits forever."""
     slow_s: float = 0.0
     """Extra seconds per update, to study a slow trainer (staleness drops, dispatcher pausing)."""
+    control: Literal["none", "shuffled_rewards"] = "none"
+    """A negative control: `shuffled_rewards` permutes each group's rewards (seeded by the group id)
+    before its advantages are computed, so the advantages carry no information about the actions and
+    nothing should be learned. A learning claim is only as good as its control."""
     seed: int = 0
     consumer_group: str = ""
     """Kafka consumer group of the batch builder; empty means `trainer-<run_id>`."""
@@ -53,3 +72,11 @@ class TrainConfig(BaseModel):
     @property
     def group_id(self) -> str:
         return self.consumer_group or f"trainer-{self.run_id}"
+
+    def lr_at(self, update_step: int) -> float:
+        """The learning rate of optimizer step `update_step` (0-based, counted over the whole run)."""
+        scale = min(1.0, (update_step + 1) / self.warmup_updates) if self.warmup_updates else 1.0
+        if self.decay_updates is not None:
+            done = min(1.0, max(0, update_step - self.warmup_updates) / max(1, self.decay_updates - self.warmup_updates))
+            scale *= 1.0 - (1.0 - self.min_lr_ratio) * done
+        return self.lr * scale

@@ -41,7 +41,7 @@ from rollout.policy.tiny_vlm import ensure_tiny_vlm, load_tiny_vlm, save_tiny_vl
 from schemas import GroupDropped, PolicyVersionPublished, UpdateApplied
 from trainer.batch import BatchBuilder
 from trainer.config import TrainConfig
-from trainer.update import Scorer, accumulate_gradients, flatten, proximal_logprobs, shard, update_stats
+from trainer.update import Scorer, accumulate_gradients, flatten, proximal_logprobs, set_lr, shard, update_stats
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -105,12 +105,14 @@ def main(argv: list[str] | None = None) -> None:
         minibatches = [batch[m::config.minibatches] for m in range(config.minibatches)]
         flat = [flatten(mb) for mb in minibatches]
         mine = [shard(samples, rank, world) for samples, _ in flat]
-        proximal = [proximal_logprobs(scorer, s, config.temperature) for s in mine] if config.minibatches > 1 else None
+        plan = [m for _ in range(config.ppo_epochs) for m in range(config.minibatches)]  # optimizer steps
+        proximal = [proximal_logprobs(scorer, s, config.temperature) for s in mine] if len(plan) > 1 else None
         updates = []
-        for m, (mb, (_, num_trajectories)) in enumerate(zip(minibatches, flat)):
+        for i, m in enumerate(plan):
             t0 = time.perf_counter()
             optimizer.zero_grad(set_to_none=False)
-            shard_loss, tokens = accumulate_gradients(scorer, mine[m], num_trajectories, version, config,
+            lr = set_lr(optimizer, config, update_step)
+            shard_loss, tokens = accumulate_gradients(scorer, mine[m], flat[m][1], version, config,
                                                       proximal[m] if proximal else None)
             _all_reduce_gradients(model, world)
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm).item()
@@ -118,20 +120,26 @@ def main(argv: list[str] | None = None) -> None:
             time.sleep(config.slow_s)
             loss, stats = _gather_stats(shard_loss, tokens, config, leader)
             compute_s = time.perf_counter() - t0
+            # pi_theta has moved away from pi_prox by this step's approx_kl: past the target, stop the batch
+            stop = [leader and config.target_kl is not None and stats.get("approx_kl", 0.0) > config.target_kl]
+            dist.broadcast_object_list(stop, src=0)
+            last = stop[0] or i == len(plan) - 1
             if leader:
                 # threads: replay needs the same intra-op thread count to reproduce the update bit for bit
                 stats.update(groups_dropped=float(sum(builder.stats.dropped.values())), world_size=float(world),
-                             threads=float(torch.get_num_threads()))
+                             threads=float(torch.get_num_threads()), lr=lr, epoch=float(i // config.minibatches))
                 updates.append(UpdateApplied(
                     run_id=config.run_id, update_step=update_step, version_before=version,
-                    version_after=version + 1 if m == len(minibatches) - 1 else version,
-                    group_ids=[g.group_id for g in mb],
-                    trajectory_ids=[t for g in mb for t in g.completed.trajectory_ids],
+                    version_after=version + 1 if last else version,
+                    group_ids=[g.group_id for g in minibatches[m]],
+                    trajectory_ids=[t for g in minibatches[m] for t in g.completed.trajectory_ids],
                     loss=loss, grad_norm=grad_norm, stats=stats, config_json=config.model_dump_json(),
-                    weights_sha256=weights_sha256(model.state_dict()), duration_s=(wait_s if m == 0 else 0) + compute_s,
-                    wait_s=wait_s if m == 0 else 0.0, compute_s=compute_s, world_size=world,
+                    weights_sha256=weights_sha256(model.state_dict()), duration_s=(wait_s if i == 0 else 0) + compute_s,
+                    wait_s=wait_s if i == 0 else 0.0, compute_s=compute_s, world_size=world,
                 ))
             update_step += 1
+            if last:
+                break
         version += 1
         if leader:
             _publish(producer, checkpoints, scorer, optimizer, config, version, version - 1, updates, update_step - 1)

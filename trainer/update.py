@@ -161,6 +161,15 @@ def accumulate_gradients(scorer: Scorer, samples: list[StepSample], num_trajecto
     return total, {k: torch.cat(v) if v else torch.zeros(0) for k, v in vars(acc).items()}
 
 
+def set_lr(optimizer: torch.optim.Optimizer, config: TrainConfig, update_step: int) -> float:
+    """Set the schedule's rate (`TrainConfig.lr_at`) for optimizer step `update_step`; the trainer and replay
+    both call this, so a replayed step uses the recorded rate. Returns it."""
+    lr = config.lr_at(update_step)
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    return lr
+
+
 def update_stats(tokens: dict[str, torch.Tensor], config: TrainConfig) -> dict[str, float]:
     """Batch statistics from all ranks' per-token values (the issue's list, plus staleness)."""
     if tokens["logprobs"].numel() == 0:
