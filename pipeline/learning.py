@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from pipeline.bus import EventProducer
+from pipeline.checkpoints import CheckpointStore
 from pipeline.hashing import weights_sha256
 from pipeline.ledger import LedgerWriter, read_events
 from pipeline.settings import StackSettings
@@ -40,6 +41,14 @@ class LearningConfig:
     """Tasks of this difficulty only, for demonstrations, RL and evaluation alike."""
     demo_episodes: int = 200
     """Oracle demonstration episodes (train split); only successful ones are cloned."""
+    templates: tuple[str, ...] | None = None
+    """Templates of RL and of the evaluations; None: `train_templates`' choice, evaluations on all."""
+    demo_templates: tuple[str, ...] | None = None
+    """Templates the demonstrations are drawn from; None: the RL stage's (`train_templates`). The boxes
+    suite's controlled test clones `any` ("click any box") so that its warm start is at chance."""
+    warm_start: Path | None = None
+    """An SFT model to start RL from: skips the demonstrations and SFT (a control run reuses the warm
+    start of the run it controls)."""
     sft_epochs: int = 3
     sft_lr: float = 1e-3
     sft_batch_steps: int = 4
@@ -47,6 +56,9 @@ class LearningConfig:
     rl_minutes: float = 10.0
     """Wall budget of the async RL stage."""
     eval_episodes: int = 100
+    rl_eval_points: int = 1
+    """Held-out evaluations of RL versions, evenly spaced over the published versions, the last one
+    included (stages `rl-v<N>`; the final one is also `rl`)."""
     eval_split: str | None = None
     """None: `test` (unseen seeds of the train tasks) for miniwob, `heldout` (unseen templates) for sites."""
     temperature: float = 0.5
@@ -86,6 +98,8 @@ def train_templates(config: LearningConfig) -> tuple[str, ...] | None:
     """With a `test` evaluation (unseen seeds of train templates), demonstrations and RL use the train
     tasks of the evaluated templates only: on the others no demonstration exists, every group of a
     small model fails alike, and dynamic sampling drops it. None (every train task) otherwise."""
+    if config.templates is not None:
+        return config.templates
     if eval_split(config) != "test":
         return None
     from rollout.run import make_suite
@@ -118,35 +132,25 @@ def run_learning(settings: StackSettings, config: LearningConfig,
     producer = EventProducer(settings, client_id="learning")
     measure = _Evaluator(settings, config, run_id, producer, curve, say)
     try:
-        measure("untrained", ensure_tiny_vlm(), 0, 0.0)
-
         templates = train_templates(config)
-        say(f"[1/3] {config.demo_episodes} oracle demonstrations ({config.suite}, train split"
-            f"{f', {len(templates)} templates' if templates else ''})")
-        demos = run_rollout(settings, RolloutRequest(
-            suite=config.suite, policy="demo", workers=config.workers, group_size=1, episodes=config.demo_episodes,
-            split="train", difficulty=config.difficulty, templates=templates, run_id=f"{run_id}-demos",
-            episode=EpisodeConfig(som=True)))
-        curve.demo_episodes, curve.demo_successes = demos.episodes, demos.successes
-        LedgerWriter(settings).sync(idle_exit_s=3.0)  # SFT reads its demonstrations from the ledger
-
-        say(f"[2/3] SFT warm start on {demos.successes} successful demonstrations")
-        t0 = time.monotonic()
-        curve.sft = train_sft(settings, SFTConfig(
-            run_ids=[f"{run_id}-demos"], out_dir=out / "sft", epochs=config.sft_epochs, lr=config.sft_lr,
-            batch_steps=config.sft_batch_steps), on_step=_sft_progress(say))
-        sft_s = time.monotonic() - t0
-        measure("sft", out / "sft", 0, sft_s)
+        if config.warm_start:
+            sft_dir, sft_s = config.warm_start, 0.0
+        else:
+            measure("untrained", ensure_tiny_vlm(), 0, 0.0)
+            sft_dir, sft_s = _warm_start(settings, config, run_id, curve, say)
+        measure("sft", sft_dir, 0, sft_s)
 
         say(f"[3/3] async RL for {config.rl_minutes:g} min from the SFT policy")
         train = (config.train or TrainConfig(run_id=run_id, groups_per_update=1, lr=2e-4, entropy_coef=1e-3)).model_copy(
             update={"temperature": config.temperature})
         curve.rl = run_training(settings, RunConfig(
             mode="async", minutes=config.rl_minutes, suite=config.suite, difficulty=config.difficulty,
-            templates=templates, policy="local", model_dir=out / "sft", workers=config.workers, group_size=config.group_size,
+            templates=templates, policy="local", model_dir=sft_dir, workers=config.workers, group_size=config.group_size,
             train=train, run_id=run_id, log_dir=out / "logs"), on_progress=_rl_progress(say))
-        version, path = _final_checkpoint(settings, run_id)
-        measure("rl", path, version, sft_s + curve.rl.seconds)
+        versions, checkpoints = _published(settings, run_id), CheckpointStore.from_settings(settings)
+        for version in _spaced(sorted(versions), config.rl_eval_points):
+            measure("rl" if version == max(versions) else f"rl-v{version}", checkpoints.download(versions[version]),
+                    version, sft_s + curve.rl.seconds * version / max(versions))
     finally:
         producer.close()
     LedgerWriter(settings).sync(idle_exit_s=3.0)  # the curve's events too
@@ -173,7 +177,8 @@ class _Evaluator:
         self.say(f"evaluating the {stage} policy: {c.eval_episodes} episodes, {c.suite} {split} {c.difficulty or ''}")
         result: EvalResult = evaluate(self.settings, model_dir=model_dir, suite=c.suite, split=split,
                                       difficulty=c.difficulty, episodes=c.eval_episodes, workers=c.workers,
-                                      temperature=c.temperature, run_id=f"{self.run_id}-eval-{stage}")
+                                      temperature=c.temperature, run_id=f"{self.run_id}-eval-{stage}",
+                                      templates=c.templates)
         point = CurvePoint(stage, version, result.episodes, result.successes, result.ci95, train_s, result.run_id)
         self.curve.points.append(point)
         self.producer.publish(EvaluationCompleted(
@@ -185,15 +190,41 @@ class _Evaluator:
         return point
 
 
-def _final_checkpoint(settings: StackSettings, run_id: str) -> tuple[int, Path]:
-    """The RL run's last published version, downloaded and verified."""
-    from pipeline.checkpoints import CheckpointStore
+def _warm_start(settings: StackSettings, config: LearningConfig, run_id: str, curve: LearningCurve,
+                say: Callable[[str], None]) -> tuple[Path, float]:
+    """Oracle demonstrations in real episodes, then SFT on the successful ones: (model dir, SFT seconds)."""
+    templates = config.demo_templates or train_templates(config)
+    say(f"[1/3] {config.demo_episodes} oracle demonstrations ({config.suite}, train split"
+        f"{f', {len(templates)} templates' if templates else ''})")
+    demos = run_rollout(settings, RolloutRequest(
+        suite=config.suite, policy="demo", workers=config.workers, group_size=1, episodes=config.demo_episodes,
+        split="train", difficulty=config.difficulty, templates=templates, run_id=f"{run_id}-demos",
+        episode=EpisodeConfig(som=True)))
+    curve.demo_episodes, curve.demo_successes = demos.episodes, demos.successes
+    LedgerWriter(settings).sync(idle_exit_s=3.0)  # SFT reads its demonstrations from the ledger
 
+    say(f"[2/3] SFT warm start on {demos.successes} successful demonstrations")
+    t0 = time.monotonic()
+    out = config.out_dir / run_id / "sft"
+    curve.sft = train_sft(settings, SFTConfig(
+        run_ids=[f"{run_id}-demos"], out_dir=out, epochs=config.sft_epochs, lr=config.sft_lr,
+        batch_steps=config.sft_batch_steps), on_step=_sft_progress(say))
+    return out, time.monotonic() - t0
+
+
+def _published(settings: StackSettings, run_id: str) -> dict[int, str]:
+    """The RL run's published versions: version -> checkpoint URI."""
     versions = read_events(settings, run_id, "PolicyVersionPublished", ["version", "checkpoint_uri"]).to_pylist()
     if not versions:
         raise RuntimeError(f"RL run {run_id} published no version (see its trainer.log)")
-    last = max(versions, key=lambda v: v["version"])
-    return last["version"], CheckpointStore.from_settings(settings).download(last["checkpoint_uri"])
+    return {v["version"]: v["checkpoint_uri"] for v in versions}
+
+
+def _spaced(versions: list[int], n: int) -> list[int]:
+    """`n` of the sorted `versions`, evenly spaced, the last always included (version 0 is the SFT point)."""
+    later = [v for v in versions if v > 0] or versions
+    picks = {later[round((len(later) - 1) * (i + 1) / n)] for i in range(n)}
+    return sorted(picks)
 
 
 def _weights_sha256(model_dir: Path) -> str:

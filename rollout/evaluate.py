@@ -48,11 +48,12 @@ class EvalResult:
 
 def evaluate(settings: StackSettings, policy: str = "local", model_dir: Path | None = None, suite: str = "sites",
              split: str = "heldout", difficulty: str | None = "easy", episodes: int = 100, workers: int = 2,
-             som: bool = True, temperature: float = 1.0, run_id: str = "", show_progress: bool = True) -> EvalResult:
+             som: bool = True, temperature: float = 1.0, run_id: str = "", show_progress: bool = True,
+             templates: tuple[str, ...] | None = None) -> EvalResult:
     """Run `episodes` single-episode groups of the split's tasks; the run is in the event log like any other."""
     run_id = run_id or f"eval-{uuid.uuid4().hex[:8]}"
     req = RolloutRequest(suite=suite, policy=policy, workers=workers, group_size=1, episodes=episodes, split=split,
                          difficulty=difficulty, run_id=run_id, model_dir=model_dir, temperature=temperature,
-                         episode=EpisodeConfig(som=som))
+                         episode=EpisodeConfig(som=som), templates=templates)
     stats = run_rollout(settings, req, show_progress)
     return EvalResult(run_id, stats.episodes, stats.successes)

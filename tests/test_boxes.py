@@ -28,10 +28,11 @@ def test_layouts_are_seeded_and_marks_name_their_colour():
 def test_splits_do_not_share_seeds():
     suite = BoxesSuite()
     train, test = suite.tasks("train"), suite.tasks("test")
-    assert {t.template for t in train} == {"colour", "any"} and {t.template for t in test} == {"colour"}
+    assert {t.template for t in train} == {"colour", "red", "any"} and {t.template for t in test} == {"colour", "red"}
     assert not {t.seed for t in train} & {t.seed for t in test}
     task = make_task("colour", 5, "train")
     assert task.instruction == f"Click the {task.judge['target']} box."
+    assert {make_task("red", s, "test").judge["target"] for s in range(20)} == {"red"}
 
 
 def test_the_screen_draws_the_boxes_and_judges_the_first_action():

@@ -13,13 +13,18 @@ trainer's batch builder, losses and torchrun update, the version events and the 
 Only the page is drawn here instead of by Chromium, so a learning run costs seconds, not minutes.
 
 Templates:
-- `colour`: "Click the red box." The task.
+- `colour`: "Click the blue box.", the colour drawn from the seed. To win, the policy must read the
+  instruction's colour: the digit it writes after `"mark": ` has to depend on a word far back in
+  the prompt. Measured: the 5M-parameter model does not learn that within minutes of RL on 2 cores
+  (`bench/learning.py --suite boxes`), so it is the benchmark, not the CI test.
+- `red`: "Click the red box." on every layout. The optimum is one action (mark 0) whatever the
+  layout, which the learning path must find from rewards alone: the CI's controlled test.
 - `any`: "Click any box." Every box is right, and the oracle picks one at random (seeded by the task).
   Its demonstrations teach the output format and a uniform choice of box, never which box a colour
   means: the warm start of the controlled learning test (`tests/test_learning.py`) is at chance.
 
-Splits: `train` seeds 0..TRAIN_SEEDS-1 of both templates; `test` seeds from TEST_SEED on (`colour`
-only): layouts and colour orders never trained on.
+Splits: `train` seeds 0..TRAIN_SEEDS-1 of every template; `test` seeds from TEST_SEED on (`colour`
+and `red`): layouts and colour orders never trained on.
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ COLOURS = list(PALETTE)
 BOXES = 4
 SIZE = (256, 128)
 BOX = 40
+TEMPLATES = ("colour", "red", "any")
 TRAIN_SEEDS = 500
 TEST_SEED, TEST_SEEDS = 100_000, 200
 URL = "http://127.0.0.1/boxes"
@@ -68,7 +74,7 @@ def make_task(template: str, seed: int, split: str) -> Task:
     if template == "any":
         instruction, target = "Click any box.", random.Random(f"any-{seed}").choice(colours)
     else:
-        target = random.Random(f"target-{seed}").choice(colours)
+        target = "red" if template == "red" else random.Random(f"target-{seed}").choice(colours)
         instruction = f"Click the {target} box."
     return Task(task_id=f"boxes-{template}-{seed}", suite="boxes", site="boxes", template=template,
                 difficulty="easy", instruction=instruction, start_path="/boxes", seed=seed, split=split,
@@ -132,8 +138,8 @@ class BoxesSuite:
     base_url = "http://127.0.0.1"
 
     def __init__(self):
-        train = [make_task(t, s, "train") for t in ("colour", "any") for s in range(TRAIN_SEEDS)]
-        test = [make_task("colour", s, "test") for s in range(TEST_SEED, TEST_SEED + TEST_SEEDS)]
+        train = [make_task(t, s, "train") for t in TEMPLATES for s in range(TRAIN_SEEDS)]
+        test = [make_task(t, s, "test") for t in ("colour", "red") for s in range(TEST_SEED, TEST_SEED + TEST_SEEDS)]
         self._tasks = train + test
 
     def start(self) -> None:
