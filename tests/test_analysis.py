@@ -282,7 +282,7 @@ def test_cli_sql_drift_and_report(cli, ledger, tmp_path):
     res = cli("report", "r1", "--out", tmp_path / "rep", "--ledger", ledger)
     assert res.exit_code == 0, res.output
     names = {p.name for p in (tmp_path / "rep").iterdir()}
-    assert names == {"report.md", "keys_per_step.png", "lengths.png", "success_over_time.png"}
+    assert names == {"report.md", "keys_per_step.png", "lengths.png", "success_over_time.png", "learning_curve.png"}
     assert "generic_key_ratio | 57.1% | 34% | 11%" in (tmp_path / "rep" / "report.md").read_text()
 
 
@@ -373,6 +373,21 @@ def test_success_by_version_counts_finished_trajectories_by_their_oldest_version
     assert lc.sql("select trajectories, successes from success_by_version where run_id = 'lc-eval-rl'"
                   ).fetchall() == [(1, 1)]  # the evaluation run is a run of its own
     assert lc.execute("select awrl_wilson(0, 0)").fetchone() == ({"low": 0.0, "high": 1.0},)
+
+
+def test_curve_by_version_plots_training_success_and_evaluations(lc, tmp_path):
+    from analysis.curves import evaluation_points, success_by_version, version_curve_png
+
+    training = success_by_version(lc, "lc")
+    assert training.column_names[:3] == ["policy_version", "trajectories", "successes"]
+    points = evaluation_points(lc, "lc")
+    assert [(p.stage, p.policy_version) for p in points] == [("untrained", 0), ("sft", 0), ("rl-v2", 2)]
+    assert version_curve_png(training, [], tmp_path / "t.png").read_bytes()[:4] == b"\x89PNG"  # training only
+    with pytest.raises(ValueError, match="no finished trajectories or evaluations"):
+        version_curve_png(success_by_version(lc, "nope"), [], tmp_path / "empty.png")
+    report = write_report(lc, "lc", tmp_path / "rep")
+    assert (tmp_path / "rep" / "learning_curve.png").read_bytes()[:4] == b"\x89PNG"
+    assert "![learning_curve](learning_curve.png)" in report.read_text() and "success_by_version" in report.read_text()
 
 
 def test_lineage_lists_exactly_the_updates_recorded_for_a_version(tmp_path, cli):
