@@ -4,8 +4,8 @@
     con.execute("SELECT outcome, count(*) FROM trajectories GROUP BY ALL").fetchall()
 
 Raw views (`step_recorded`, `episode_started`, ...) have exactly the event fields as columns; the
-derived views (`steps`, `trajectories`, `groups`, `updates`, `policy_versions`, `dropped_groups`) are defined in
-`analysis/sql/<name>.sql`, which users can read and adapt.
+derived views (`steps`, `trajectories`, `groups`, `updates`, `policy_versions`, `dropped_groups`, `evaluations`,
+`success_by_version`) are defined in `analysis/sql/<name>.sql`, which users can read and adapt.
 
 How the files are read:
 - local root: DuckDB's own Parquet reader over the files of each type. It is ~5x cheaper in CPU than
@@ -60,7 +60,7 @@ RAW_VIEWS: dict[str, type[Event]] = {
     "evaluation_completed": EvaluationCompleted,
 }
 VIEWS: tuple[str, ...] = ("steps", "trajectories", "groups", "updates", "policy_versions", "dropped_groups",
-                         "evaluations")
+                         "evaluations", "success_by_version")
 """Derived views, in creation order; each is `analysis/sql/<name>.sql`."""
 
 Source = StackSettings | str | os.PathLike

@@ -1,10 +1,11 @@
-"""A run's report: markdown with the drift metrics next to the paper's figures, and three plots.
+"""A run's report: markdown with the drift metrics next to the paper's figures, and four plots.
 
     write_report(connect(settings), "run-7", Path("reports/run-7"))  # -> reports/run-7/report.md
 
 Plots (PNG, matplotlib's Agg backend so it runs headless): memory keys per step against step index
 by outcome (drift shows as a rising line), trajectory length histogram of successes and failures (the
-gap 1/|tau| punishes), and success rate over the run's wall-clock time.
+gap 1/|tau| punishes), success rate over the run's wall-clock time, and the learning curve against
+policy version (training-task success and held-out evaluations, `analysis.curves.version_curve_png`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
 
+from analysis.curves import evaluation_points, success_by_version, version_curve_png  # noqa: E402
 from analysis.drift import DriftConfig, DriftReport, drift_metrics  # noqa: E402
 from analysis.ledger import sql  # noqa: E402
 
@@ -31,6 +33,11 @@ PAPER = {  # AsyncWebRL, arXiv 2606.05597, "Memory-schema drift" and "Two ineffi
     "offpolicy_gap_mean": ("~1.5 (eta = 2)", ""),
     "offpolicy_gap_max": ("~2.0", ""),
 }
+CAPTIONS = {
+    "learning_curve": "Learning curve: success on the run's training tasks per policy version (line, 95% Wilson "
+                      "band; view `success_by_version`) and held-out evaluations (markers; view `evaluations`).",
+}
+"""A sentence under a plot, by file stem, where the picture alone does not say what it shows."""
 
 
 def write_report(con: duckdb.DuckDBPyConnection, run_id: str, out_dir: Path,
@@ -43,6 +50,7 @@ def write_report(con: duckdb.DuckDBPyConnection, run_id: str, out_dir: Path,
         _plot_keys(con, run_id, out_dir / "keys_per_step.png"),
         _plot_lengths(con, run_id, out_dir / "lengths.png"),
         _plot_success(con, run_id, out_dir / "success_over_time.png"),
+        _plot_versions(con, run_id, out_dir / "learning_curve.png"),
     ]
     path = out_dir / "report.md"
     path.write_text(_markdown(report, [p for p in plots if p is not None]))
@@ -73,7 +81,11 @@ def _markdown(r: DriftReport, plots: list[Path]) -> str:
     if r.clip_rate_by_update:
         n = len(r.clip_rate_by_update)
         lines += ["", f"Clip-trigger rate over {n} updates: mean {_fmt(r.clip_rate_mean, True)}."]
-    lines += ["", "## Plots", ""] + [f"![{p.stem}]({p.name})" for p in plots]
+    lines += ["", "## Plots", ""]
+    for p in plots:
+        lines.append(f"![{p.stem}]({p.name})")
+        if p.stem in CAPTIONS:
+            lines += ["", f"*{CAPTIONS[p.stem]}*", ""]
     if not plots:
         lines.append("No finished trajectories or steps yet.")
     return "\n".join(lines) + "\n"
@@ -124,3 +136,10 @@ def _plot_success(con, run_id: str, path: Path) -> Path | None:
     ax.set(xlabel="minutes since first finished trajectory", ylabel="success rate", ylim=(0, 1),
            title="Success rate over time")
     return _save(fig, path)
+
+
+def _plot_versions(con, run_id: str, path: Path) -> Path | None:
+    training, evaluations = success_by_version(con, run_id), evaluation_points(con, run_id)
+    if not training.num_rows and not evaluations:
+        return None
+    return version_curve_png(training, evaluations, path, title=f"{run_id}: success by policy version")

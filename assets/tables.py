@@ -177,6 +177,27 @@ def throughput(steps: pa.Table, trajectories: pa.Table) -> dg.Output[pa.Table]:
     })
 
 
+@dg.asset(partitions_def=runs)
+def learning_curve(context: dg.AssetExecutionContext, ledger: Ledger) -> dg.Output[pa.Table]:
+    """Success on the run's training tasks per policy version, with its 95% Wilson interval: the
+    `success_by_version` view, so this table, `awrl report`'s plot and `awrl sql` agree. The held-out
+    half of the curve is the run's `EvaluationCompleted` events (`evaluations` view); its count is noted."""
+    from analysis.curves import evaluation_points, success_by_version
+    from analysis.ledger import connect
+
+    with connect(ledger.settings()) as con:
+        table = success_by_version(con, context.partition_key)
+        evaluations = len(evaluation_points(con, context.partition_key))
+    metadata: dict = {"dagster/row_count": table.num_rows, "evaluations": evaluations}
+    if table.num_rows:
+        t = table.to_pydict()
+        metadata["success_by_version_curve"] = plot_md(
+            "training-task success (95% Wilson)", t["policy_version"],
+            {"success rate": t["success_rate"], "95% low": t["ci95_low"], "95% high": t["ci95_high"]},
+            "policy version", (-0.05, 1.05))
+    return dg.Output(table, metadata=metadata)
+
+
 _DRIFT_TYPES = {
     "str": pa.string(), "int": pa.int64(), "int | None": pa.int64(), "float | None": pa.float64(),
     "keys_by_step": pa.list_(pa.struct([("step", pa.int64()), ("steps", pa.int64()), ("mean_keys", pa.float64()),

@@ -24,6 +24,7 @@ from schemas import (
     Action,
     EpisodeFinished,
     EpisodeStarted,
+    EvaluationCompleted,
     GroupCompleted,
     StepRecorded,
     StepTimings,
@@ -46,10 +47,10 @@ def step(run, tid, gid, s, keys, versions, policy_version=0):
         env_feedback="ok", timings=StepTimings(policy_s=0.1, browser_s=0.1, wait_s=0.1))
 
 
-def trajectory(run, tid, gid, instruction, steps, outcome=None, reason="judge"):
+def trajectory(run, tid, gid, instruction, steps, outcome=None, reason="judge", start_version=0):
     """EpisodeStarted, the steps [(keys, token versions, policy version)], and EpisodeFinished if `outcome`."""
     events = [EpisodeStarted(run_id=run, trajectory_id=tid, group_id=gid, task_id=gid, worker_id="w",
-                             instruction=instruction, horizon=10, policy_version=0)]
+                             instruction=instruction, horizon=10, policy_version=start_version)]
     events += [step(run, tid, gid, s, keys, versions, pv) for s, (keys, versions, pv) in enumerate(steps)]
     if outcome:
         events.append(EpisodeFinished(run_id=run, trajectory_id=tid, group_id=gid, task_id=gid, outcome=outcome,
@@ -281,7 +282,7 @@ def test_cli_sql_drift_and_report(cli, ledger, tmp_path):
     res = cli("report", "r1", "--out", tmp_path / "rep", "--ledger", ledger)
     assert res.exit_code == 0, res.output
     names = {p.name for p in (tmp_path / "rep").iterdir()}
-    assert names == {"report.md", "keys_per_step.png", "lengths.png", "success_over_time.png"}
+    assert names == {"report.md", "keys_per_step.png", "lengths.png", "success_over_time.png", "learning_curve.png"}
     assert "generic_key_ratio | 57.1% | 34% | 11%" in (tmp_path / "rep" / "report.md").read_text()
 
 
@@ -328,6 +329,65 @@ def test_learning_curve_from_the_evaluations_view(tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     with pytest.raises(ValueError, match="no evaluations"):
         learning_curve_png([], tmp_path / "empty.png")
+
+
+def run_lc() -> list:
+    """A run whose trajectories belong to versions 0, 1 and 2 (the oldest version that acted), beside its
+    evaluation run `lc-eval-rl` (a run of its own) and the run's held-out evaluations."""
+    def traj(tid, outcome, versions, start=0):  # one step per version in `versions`
+        return trajectory("lc", tid, "g", KETTLE, [(["k"], [v], v) for v in versions], outcome, start_version=start)
+
+    def evaluation(stage, version, successes):
+        return EvaluationCompleted(run_id="lc", stage=stage, eval_run_id=f"lc-eval-{stage}", policy_version=version,
+                                   suite="sites", split="heldout", episodes=20, successes=successes,
+                                   ci95_low=0.0, ci95_high=1.0)
+
+    return [*traj("a", "success", [0]), *traj("b", "failure", [0, 0]), *traj("c", "env_error", [0]),
+            *traj("d", "success", [1], start=0),  # v1 arrived before its first step: v1's trajectory
+            *traj("e", "success", [1, 2]), *traj("f", "failure", [1]), *traj("g", "failure", [1, 1]),
+            *traj("h", "success", [2], start=1), *traj("i", "env_error", [], start=2),  # no step: start version
+            *traj("j", None, [2], start=2),  # still running: not counted
+            *trajectory("lc-eval-rl", "x", "g", KETTLE, [(["k"], [2], 2)], "success", start_version=2),
+            evaluation("untrained", 0, 1), evaluation("sft", 0, 8), evaluation("rl-v2", 2, 12)]
+
+
+@pytest.fixture()
+def lc(tmp_path):
+    write_ledger(tmp_path / "ledger", run_lc())
+    c = connect(tmp_path / "ledger")
+    yield c
+    c.close()
+
+
+def test_success_by_version_counts_finished_trajectories_by_their_oldest_version(lc):
+    from rollout.evaluate import wilson_interval
+
+    rows = lc.sql("select * from success_by_version where run_id = 'lc' order by policy_version").fetchall()
+    # v0: a success, b failure, c env_error (not a success) -> 1/3
+    # v1: d success (started on v0, acted on v1), e success (v1 then v2), f, g failures -> 2/4
+    # v2: h success (started on v1), i env_error without a step (start version 2); j is running -> 1/2
+    assert [r[1:5] for r in rows] == [(0, 3, 1, 1), (1, 4, 2, 0), (2, 2, 1, 1)]
+    assert [r[5] for r in rows] == [pytest.approx(1 / 3), 0.5, 0.5]
+    for _, _, n, k, _, _, low, high in rows:
+        assert (low, high) == pytest.approx(wilson_interval(k, n), abs=1e-12)
+    assert lc.sql("select trajectories, successes from success_by_version where run_id = 'lc-eval-rl'"
+                  ).fetchall() == [(1, 1)]  # the evaluation run is a run of its own
+    assert lc.execute("select awrl_wilson(0, 0)").fetchone() == ({"low": 0.0, "high": 1.0},)
+
+
+def test_curve_by_version_plots_training_success_and_evaluations(lc, tmp_path):
+    from analysis.curves import evaluation_points, success_by_version, version_curve_png
+
+    training = success_by_version(lc, "lc")
+    assert training.column_names[:3] == ["policy_version", "trajectories", "successes"]
+    points = evaluation_points(lc, "lc")
+    assert [(p.stage, p.policy_version) for p in points] == [("untrained", 0), ("sft", 0), ("rl-v2", 2)]
+    assert version_curve_png(training, [], tmp_path / "t.png").read_bytes()[:4] == b"\x89PNG"  # training only
+    with pytest.raises(ValueError, match="no finished trajectories or evaluations"):
+        version_curve_png(success_by_version(lc, "nope"), [], tmp_path / "empty.png")
+    report = write_report(lc, "lc", tmp_path / "rep")
+    assert (tmp_path / "rep" / "learning_curve.png").read_bytes()[:4] == b"\x89PNG"
+    assert "![learning_curve](learning_curve.png)" in report.read_text() and "success_by_version" in report.read_text()
 
 
 def test_lineage_lists_exactly_the_updates_recorded_for_a_version(tmp_path, cli):

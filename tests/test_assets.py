@@ -20,7 +20,8 @@ from schemas import BY_NAME, PolicyVersionPublished, UpdateApplied
 
 SHA = "ab" * 32
 RUN = "run-a"
-ASSETS = ("steps", "trajectories", "groups", "policy_versions", "updates", "throughput", "memory_drift")
+ASSETS = ("steps", "trajectories", "groups", "policy_versions", "updates", "throughput", "memory_drift",
+          "learning_curve")
 pytestmark = pytest.mark.filterwarnings("ignore:InitResourceContext.dagster_run:DeprecationWarning")  # Dagster's own
 
 
@@ -77,7 +78,7 @@ def test_assets_materialize_with_row_counts(run):
     assert result.success
     n_steps, n_traj = len(events["StepRecorded"]), len(events["EpisodeStarted"])
     expected = {"steps": n_steps, "trajectories": n_traj, "groups": 2, "policy_versions": 2, "updates": 1,
-                "memory_drift": 1}
+                "memory_drift": 1, "learning_curve": 1}  # every sample episode runs on version 0
     for asset, rows in expected.items():
         assert _table(root, asset).num_rows == rows, asset
         meta = result.asset_materializations_for_node(asset)[0].metadata
@@ -86,7 +87,12 @@ def test_assets_materialize_with_row_counts(run):
     assert sum(t["length"] for t in traj) == n_steps
     assert {t["outcome"] for t in traj} <= {"success", "failure"}
     assert _table(root, "throughput").column("steps").to_pylist() == [n_steps]  # written within a minute
-    for asset, plot in (("trajectories", "success_rate_curve"), ("memory_drift", "keys_by_step_curve")):
+    (curve,) = _table(root, "learning_curve").to_pylist()
+    finished = events["EpisodeFinished"]
+    assert (curve["policy_version"], curve["trajectories"], curve["successes"]) == (
+        0, len(finished), sum(f.outcome == "success" for f in finished))
+    for asset, plot in (("trajectories", "success_rate_curve"), ("memory_drift", "keys_by_step_curve"),
+                        ("learning_curve", "success_by_version_curve")):
         png = result.asset_materializations_for_node(asset)[0].metadata[plot].value
         assert "](data:image/png;base64," in png, asset
 

@@ -11,3 +11,14 @@ CREATE OR REPLACE MACRO awrl_words(s, stop, min_len) AS
 -- "currentStep", "Current step", "current-step" -> current_step.
 CREATE OR REPLACE MACRO awrl_key_norm(k) AS
     trim(regexp_replace(lower(regexp_replace(k, '([a-z0-9])([A-Z])', '\1_\2', 'g')), '[^a-z0-9]+', '_', 'g'), '_');
+
+-- Wilson score interval of `k` successes in `n` trials, {low, high} (z = 1.96: 95%): the SQL twin of
+-- rollout.evaluate.wilson_interval (a test checks they agree). Unlike p +- z*se it stays inside
+-- [0, 1] and is not zero-width at 0/n or n/n, where training success starts and may end; n = 0 says
+-- nothing: (0, 1).
+CREATE OR REPLACE MACRO awrl_wilson_bound(k, n, z, sign) AS
+    greatest(0.0, least(1.0, (k / n + z * z / (2 * n)) / (1 + z * z / n)
+                             + sign * z * sqrt(k / n * (1 - k / n) / n + z * z / (4 * n * n)) / (1 + z * z / n)));
+CREATE OR REPLACE MACRO awrl_wilson(k, n, z := 1.96) AS
+    CASE WHEN n = 0 THEN {'low': 0.0, 'high': 1.0}
+         ELSE {'low': awrl_wilson_bound(k, n, z, -1), 'high': awrl_wilson_bound(k, n, z, 1)} END;
