@@ -69,6 +69,22 @@ def version_curve_png(training: pa.Table, evaluations, path: Path, title: str = 
     return _save(fig, path)
 
 
+def compare_versions_png(runs: dict[str, pa.Table], path: Path, title: str = "") -> Path:
+    """Training-task success by policy version of several runs on one axis (`success_by_version` rows
+    per label), e.g. a run and its negative control."""
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    for (label, table), color in zip(runs.items(), plt.rcParams["axes.prop_cycle"].by_key()["color"]):
+        t = table.to_pydict()
+        ax.plot(t["policy_version"], t["success_rate"], marker=".", color=color, label=label)
+        ax.fill_between(t["policy_version"], t["ci95_low"], t["ci95_high"], color=color, alpha=0.15, lw=0)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set(xlabel="policy version", ylabel="training-task success (95% Wilson CI)", ylim=(-0.02, 1.02),
+           title=title or "success by policy version")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
 def _evaluation_markers(ax, points, x: list[float], **style) -> None:
     """Evaluation points with their intervals as error bars, each labelled with its stage; labels of
     points at the same x (e.g. `untrained` and `sft`, both before version 1) are stacked, not overlaid."""

@@ -75,6 +75,24 @@ class LearningConfig:
     """Models, `curve.json` and `curve.png` go to `<out_dir>/<run_id>/`."""
 
 
+CONTROLLED_TRAIN = TrainConfig(run_id="controlled", groups_per_update=4, minibatches=2, ppo_epochs=2, lr=1e-4,
+                               warmup_updates=5)
+"""RL hyper-parameters of the controlled test: 4 groups of 8 a version, 2 epochs of 2 minibatches (4
+optimizer steps, so the clip and approx_kl act), a 5-step warm-up (bench/RESULTS.md has the sweep)."""
+
+
+def controlled(run_id: str, out_dir: Path, rl_minutes: float = 3.0, control: str = "none",
+               warm_start: Path | None = None) -> LearningConfig:
+    """The controlled learning test on the `boxes` suite (no browser): demonstrations of "click any box"
+    give a warm start at chance on "click the red box", RL from it, held-out seeds evaluated before and
+    after; with `control="shuffled_rewards"` the same run whose advantages carry no information."""
+    return LearningConfig(
+        suite="boxes", difficulty=None, templates=("red",), demo_templates=("any",), demo_episodes=300,
+        sft_epochs=4, sft_batch_steps=4, rl_minutes=rl_minutes, eval_episodes=96, eval_split="test",
+        temperature=1.0, workers=2, group_size=8, rl_eval_points=3, run_id=run_id, out_dir=out_dir,
+        warm_start=warm_start, train=CONTROLLED_TRAIN.model_copy(update={"run_id": run_id, "control": control}))
+
+
 @dataclass
 class CurvePoint:
     stage: str
@@ -156,10 +174,13 @@ def run_learning(settings: StackSettings, config: LearningConfig,
     LedgerWriter(settings).sync(idle_exit_s=3.0)  # the curve's events too
     curve.seconds = time.monotonic() - start
     (out / "curve.json").write_text(json.dumps(_jsonable(curve), indent=2))
-    from analysis.curves import learning_curve_png
+    from analysis import connect
+    from analysis.curves import learning_curve_png, success_by_version, version_curve_png
 
-    learning_curve_png(curve.points, out / "curve.png", title=f"{run_id}: {config.suite} {config.difficulty or ''} "
-                       f"{eval_split(config)}, T={config.temperature:g}")
+    title = f"{run_id}: {config.suite} {config.difficulty or ''} {eval_split(config)}, T={config.temperature:g}"
+    learning_curve_png(curve.points, out / "curve.png", title=title)
+    # success on the training tasks per policy version (from the ledger) with the held-out points on top
+    version_curve_png(success_by_version(connect(settings), run_id), curve.points, out / "version_curve.png", title)
     return curve
 
 

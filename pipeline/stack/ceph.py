@@ -64,7 +64,7 @@ bluestore cache autotune = false
 bluestore cache size = {64 << 20}
 osd memory target = {896 << 20}"""
     else:
-        store = f"osd objectstore = memstore\nmemstore device bytes = {2 << 30}"
+        store = f"osd objectstore = memstore\nmemstore device bytes = {4 << 30}"
     return f"""[global]
 fsid = {st["fsid"]}
 mon host = v2:127.0.0.1:{st["mon_port"]}

@@ -1,0 +1,57 @@
+"""The controlled learning test: the whole learning path on a task with a known optimum, and its
+negative control (issue: prove the learning path before tuning it).
+
+The `boxes` suite draws its screens itself (no browser), everything else is production: episodes on
+the real broker and object store, the ledger, `GroupAssembler` and `pipeline.advantages`, decoupled
+PPO with multi-step GRPO under torchrun, `PolicyVersionPublished` and the pool's in-place refresh.
+The warm start clones demonstrations of "click any box", so on "click the red box" it is at chance
+(about 1/4, four boxes). RL must then raise held-out success by at least 0.4 absolute; the same run
+with each group's rewards shuffled must not move. A sign, token-alignment, version or normaliser bug
+in the learning path makes the first fail (or the second, for a bug that learns from nothing).
+Margins from repeated runs are in bench/RESULTS.md (`bench/controlled.py`).
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from pipeline.learning import controlled, run_learning
+from pipeline.ledger import read_events
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
+
+RISE = 0.4
+"""What RL must add to the warm start's held-out success."""
+FLAT = 0.2
+"""How far the control may move either way (two 96-episode estimates: their difference has a
+standard deviation of about 0.065 near 0.3, so 0.2 is three of them)."""
+
+
+@pytest.fixture(scope="module")
+def learned(stack, tmp_path_factory):
+    settings = stack.settings().model_copy(update={"topic_prefix": f"t{uuid.uuid4().hex[:8]}"})
+    out = tmp_path_factory.mktemp("learning")
+    real = run_learning(settings, controlled(f"ctl-{uuid.uuid4().hex[:6]}", out))
+    control = run_learning(settings, controlled(f"ctl-{uuid.uuid4().hex[:6]}-shuffled", out, control="shuffled_rewards",
+                                                warm_start=out / real.run_id / "sft"))
+    return settings, real, control
+
+
+def test_rl_raises_held_out_success_on_the_controlled_task(learned):
+    settings, real, _ = learned
+    sft, rl = real.point("sft"), real.point("rl")
+    assert sft.rate < 0.5, f"the warm start should be near chance (1/4), got {sft.rate:.2f}"
+    assert rl.rate - sft.rate >= RISE, [(p.stage, p.rate) for p in real.points]
+    # the pool sampled with the trainer's versions, refreshed in place, and said so in every step
+    versions = {s["policy_version"] for s in read_events(settings, real.run_id, "StepRecorded",
+                                                        ["policy_version"]).to_pylist()}
+    assert len(versions) >= 3 and max(versions) >= real.rl.version - 2, sorted(versions)
+
+
+def test_rl_on_shuffled_rewards_stays_flat(learned):
+    _, _, control = learned
+    sft, rl = control.point("sft"), control.point("rl")
+    assert control.rl.updates > 0
+    assert abs(rl.rate - sft.rate) <= FLAT, [(p.stage, p.rate) for p in control.points]
