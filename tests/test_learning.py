@@ -6,7 +6,7 @@ the real broker and object store, the ledger, `GroupAssembler` and `pipeline.adv
 PPO with multi-step GRPO under torchrun, `PolicyVersionPublished` and the pool's in-place refresh.
 The warm start clones demonstrations of "click any box", so on "click the red box" it is at chance
 (about 1/4, four boxes). RL must then raise held-out success by at least 0.4 absolute; the same run
-with each group's rewards shuffled must not move. A sign, token-alignment, version or normaliser bug
+with each group's rewards shuffled must not rise. A sign, token-alignment, version or normaliser bug
 in the learning path makes the first fail (or the second, for a bug that learns from nothing).
 Margins from repeated runs are in bench/RESULTS.md (`bench/controlled.py`).
 """
@@ -24,9 +24,11 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 
 RISE = 0.4
 """What RL must add to the warm start's held-out success."""
-FLAT = 0.2
-"""How far the control may move either way (two 96-episode estimates: their difference has a
-standard deviation of about 0.065 near 0.3, so 0.2 is three of them)."""
+FLAT = 0.15
+"""How far the control may rise (two 96-episode estimates near 0.2: their difference has a standard
+deviation of about 0.06, so 0.15 is 2.5 of them). A fall is not asserted: shuffled advantages have
+zero mean but not zero noise, and the noise wears the output format down (measured: 0.20 -> 0.07
+over 17 versions); a control that fell would not make RL's rise any less real."""
 
 
 @pytest.fixture(scope="module")
@@ -54,4 +56,4 @@ def test_rl_on_shuffled_rewards_stays_flat(learned):
     _, _, control = learned
     sft, rl = control.point("sft"), control.point("rl")
     assert control.rl.updates > 0
-    assert abs(rl.rate - sft.rate) <= FLAT, [(p.stage, p.rate) for p in control.points]
+    assert rl.rate - sft.rate <= FLAT, [(p.stage, p.rate) for p in control.points]
