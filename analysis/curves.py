@@ -55,18 +55,11 @@ def version_curve_png(training: pa.Table, evaluations, path: Path, title: str = 
         raise ValueError("no finished trajectories or evaluations to plot")
     fig, ax = plt.subplots(figsize=(6.5, 4))
     if training.num_rows:
-        t = training.to_pydict()
-        ax.plot(t["policy_version"], t["success_rate"], marker=".", color="tab:blue", label="training tasks")
-        ax.fill_between(t["policy_version"], t["ci95_low"], t["ci95_high"], color="tab:blue", alpha=0.2, lw=0)
+        _success_line(ax, training, "training tasks", "tab:blue")
     if evaluations:
         _evaluation_markers(ax, evaluations, [p.policy_version for p in evaluations], fmt="s", color="tab:orange",
                             label="held-out evaluations")
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set(xlabel="policy version", ylabel="success rate (95% Wilson CI)", ylim=(-0.02, 1.02),
-           title=title or "learning curve by policy version")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    return _save(fig, path)
+    return _version_axes(fig, ax, path, "success rate (95% Wilson CI)", title or "learning curve by policy version")
 
 
 def compare_versions_png(runs: dict[str, pa.Table], path: Path, title: str = "") -> Path:
@@ -74,12 +67,20 @@ def compare_versions_png(runs: dict[str, pa.Table], path: Path, title: str = "")
     per label), e.g. a run and its negative control."""
     fig, ax = plt.subplots(figsize=(6.5, 4))
     for (label, table), color in zip(runs.items(), plt.rcParams["axes.prop_cycle"].by_key()["color"]):
-        t = table.to_pydict()
-        ax.plot(t["policy_version"], t["success_rate"], marker=".", color=color, label=label)
-        ax.fill_between(t["policy_version"], t["ci95_low"], t["ci95_high"], color=color, alpha=0.15, lw=0)
+        _success_line(ax, table, label, color)
+    return _version_axes(fig, ax, path, "training-task success (95% Wilson CI)", title or "success by policy version")
+
+
+def _success_line(ax, table: pa.Table, label: str, color: str) -> None:
+    """`success_by_version` rows as a line in its 95% Wilson band."""
+    t = table.to_pydict()
+    ax.plot(t["policy_version"], t["success_rate"], marker=".", color=color, label=label)
+    ax.fill_between(t["policy_version"], t["ci95_low"], t["ci95_high"], color=color, alpha=0.2, lw=0)
+
+
+def _version_axes(fig, ax, path: Path, ylabel: str, title: str) -> Path:
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set(xlabel="policy version", ylabel="training-task success (95% Wilson CI)", ylim=(-0.02, 1.02),
-           title=title or "success by policy version")
+    ax.set(xlabel="policy version", ylabel=ylabel, ylim=(-0.02, 1.02), title=title)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     return _save(fig, path)

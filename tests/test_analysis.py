@@ -388,6 +388,10 @@ def test_curve_by_version_plots_training_success_and_evaluations(lc, tmp_path):
     report = write_report(lc, "lc", tmp_path / "rep")
     assert (tmp_path / "rep" / "learning_curve.png").read_bytes()[:4] == b"\x89PNG"
     assert "![learning_curve](learning_curve.png)" in report.read_text() and "success_by_version" in report.read_text()
+    from analysis.curves import compare_versions_png  # a run beside its control, one line each
+
+    pair = {"run": training, "control": training}
+    assert compare_versions_png(pair, tmp_path / "pair.png").read_bytes()[:4] == b"\x89PNG"
 
 
 def test_lineage_lists_exactly_the_updates_recorded_for_a_version(tmp_path, cli):

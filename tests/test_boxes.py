@@ -35,40 +35,38 @@ def test_splits_do_not_share_seeds():
     assert {make_task("red", s, "test").judge["target"] for s in range(20)} == {"red"}
 
 
-def test_the_screen_draws_the_boxes_and_judges_the_first_action():
-    suite, task = BoxesSuite(), make_task("colour", 11, "test")
+def _episode(task, action: Action, som: bool = False):
+    """One episode on a fresh screen: (screenshot, marks, what the action did, the verdict)."""
+    suite = BoxesSuite()
     screen = suite.new_screen()
 
-    async def episode(action: Action):
+    async def run():
         await suite.reset(screen.page, task)
-        png, marks = await screen.observe(som=False)
+        png, marks = await screen.observe(som=som)
         done = await screen.execute(action, marks)
         return png, marks, done, await suite.judge(screen.page, task, None, final=False)
 
+    return asyncio.run(run())
+
+
+def test_the_screen_draws_the_boxes_and_judges_the_first_action():
+    task = make_task("colour", 11, "test")
     target = next(m for m in layout(11).marks if COLOURS[m.id] == task.judge["target"])
-    png, marks, done, verdict = asyncio.run(episode(Action(kind="click", mark=target.id)))
+    png, marks, done, verdict = _episode(task, Action(kind="click", mark=target.id))
     img = Image.open(io.BytesIO(png))
     assert img.size == SIZE and img.getpixel(target.center) == PALETTE[task.judge["target"]]
     assert verdict.success and done.feedback == "clicked button 'box'"
     # a click inside the box by coordinates is the same click
-    assert asyncio.run(episode(Action(kind="click", x=target.center[0], y=target.center[1])))[3].success
+    assert _episode(task, Action(kind="click", x=target.center[0], y=target.center[1]))[3].success
     other = next(m for m in marks if m.id != target.id)
-    assert not asyncio.run(episode(Action(kind="click", mark=other.id)))[3].success
-    _, _, done, verdict = asyncio.run(episode(Action(kind="invalid", reason="no JSON")))
+    assert not _episode(task, Action(kind="click", mark=other.id))[3].success
+    _, _, done, verdict = _episode(task, Action(kind="invalid", reason="no JSON"))
     assert not verdict.success and done.error_class == "invalid_action"  # bad output ends the episode as a failure
 
 
 def test_any_box_is_right_for_the_any_template():
-    suite, task = BoxesSuite(), make_task("any", 2, "train")
-    screen = suite.new_screen()
-
-    async def click(mark: int):
-        await suite.reset(screen.page, task)
-        _, marks = await screen.observe(som=True)
-        await screen.execute(Action(kind="click", mark=mark), marks)
-        return await suite.judge(screen.page, task, None, final=False)
-
-    assert all(asyncio.run(click(m.id)).success for m in layout(2).marks)
+    task = make_task("any", 2, "train")
+    assert all(_episode(task, Action(kind="click", mark=m.id), som=True)[3].success for m in layout(2).marks)
 
 
 def test_oracle_episodes_through_the_pool_need_no_browser(settings, monkeypatch):
