@@ -13,6 +13,7 @@ curve is an `EvaluationCompleted` event of the RL run, so the curve is in the le
 from __future__ import annotations
 
 import json
+import math
 import time
 import uuid
 from collections.abc import Callable
@@ -168,7 +169,7 @@ def run_learning(settings: StackSettings, config: LearningConfig,
         versions, checkpoints = _published(settings, run_id), CheckpointStore.from_settings(settings)
         for version in _spaced(sorted(versions), config.rl_eval_points):
             measure("rl" if version == max(versions) else f"rl-v{version}", checkpoints.download(versions[version]),
-                    version, sft_s + curve.rl.seconds * version / max(versions))
+                    version, sft_s + curve.rl.seconds * version / max(max(versions), 1))
     finally:
         producer.close()
     LedgerWriter(settings).sync(idle_exit_s=3.0)  # the curve's events too
@@ -244,7 +245,7 @@ def _published(settings: StackSettings, run_id: str) -> dict[int, str]:
 def _spaced(versions: list[int], n: int) -> list[int]:
     """`n` of the sorted `versions`, evenly spaced, the last always included (version 0 is the SFT point)."""
     later = [v for v in versions if v > 0] or versions
-    picks = {later[round((len(later) - 1) * (i + 1) / n)] for i in range(n)}
+    picks = {later[math.ceil(len(later) * (i + 1) / n) - 1] for i in range(n)}
     return sorted(picks)
 
 

@@ -177,3 +177,12 @@ def test_shuffled_rewards_are_a_seeded_permutation_of_the_group_rewards():
     assert control_rewards(other, "shuffled_rewards") != shuffled  # a different group, a different draw
     with pytest.raises(ValueError, match="unknown control"):
         control_rewards(group, "negated")
+
+
+def test_rl_evaluation_points_are_evenly_spaced_versions_ending_with_the_last():
+    from pipeline.learning import _spaced
+
+    assert _spaced(list(range(18)), 3) == [6, 12, 17]
+    assert _spaced([0, 1, 2, 3], 3) == [1, 2, 3]
+    assert _spaced([0, 1], 3) == [1] and _spaced([0, 1, 2], 1) == [2]
+    assert _spaced([0], 1) == [0]  # no update was published: the warm start itself
