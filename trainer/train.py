@@ -122,7 +122,8 @@ def main(argv: list[str] | None = None) -> None:
             compute_s = time.perf_counter() - t0
             # pi_theta has moved away from pi_prox by this step's approx_kl: past the target, stop the batch
             stop = [leader and config.target_kl is not None and stats.get("approx_kl", 0.0) > config.target_kl]
-            dist.broadcast_object_list(stop, src=0)
+            if config.target_kl is not None:  # only rank 0 has the statistics; no collective when unused
+                dist.broadcast_object_list(stop, src=0)
             last = stop[0] or i == len(plan) - 1
             if leader:
                 # threads: replay needs the same intra-op thread count to reproduce the update bit for bit
