@@ -31,6 +31,10 @@ class EpisodeConfig:
     """A step (policy + browser) taking longer means a hung browser or policy: env_error."""
     allowed_hosts: frozenset[str] = frozenset({"127.0.0.1", "localhost"})
     """Hosts `goto` may open."""
+    max_invalid_streak: int | None = 3
+    """End the episode as a failure after this many consecutive invalid actions (WebArena's parsing-
+    failure stop): a policy that cannot produce an action does not burn its whole horizon at full
+    generation length. None: run the horizon."""
 
 
 @dataclass
@@ -99,6 +103,7 @@ async def _loop(ctx: EpisodeContext, screen: Screen, task: Task, instruction: st
     memory: dict[str, str] = {}
     feedback = ""
     shots: deque[tuple[bytes, str]] = deque(maxlen=cfg.screenshots_k)
+    invalid_streak = 0
     for step in range(task.horizon):
         await ctx.refresh()
         png, marks = await asyncio.wait_for(screen.observe(cfg.som), cfg.step_timeout_s)
@@ -132,6 +137,9 @@ async def _loop(ctx: EpisodeContext, screen: Screen, task: Task, instruction: st
         verdict = await ctx.suite.judge(screen.page, task, None, final=False)
         if verdict is not None:
             return (verdict, step + 1), None
+        invalid_streak = invalid_streak + 1 if parsed.action.kind == "invalid" else 0
+        if cfg.max_invalid_streak is not None and invalid_streak >= cfg.max_invalid_streak:
+            return (Verdict(False, f"{invalid_streak} invalid actions in a row"), step + 1), None
     return (Verdict(False, f"horizon of {task.horizon} steps reached"), task.horizon), None
 
 

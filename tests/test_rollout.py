@@ -27,14 +27,14 @@ from schemas import EpisodeFinished, EpisodeStarted, GroupCompleted, PolicyVersi
 
 
 def run_pool(settings, suite, policy, groups: int, workers: int, group_size: int = 4, som: bool = False,
-             tasks=None):
+             tasks=None, episode: EpisodeConfig | None = None):
     run_id = f"test-{uuid.uuid4().hex[:6]}"
     producer = EventProducer(settings)
     stream = task_stream(tasks or suite.tasks("train"), seed=1)
     dispatch(producer, run_id, stream, groups, group_size)
     producer.close()
     pool = RolloutPool(settings, {suite.name: suite}, policy,
-                       PoolConfig(workers=workers, episode=EpisodeConfig(som=som)))
+                       PoolConfig(workers=workers, episode=episode or EpisodeConfig(som=som)))
     stats = asyncio.run(pool.run(max_groups=groups))
     return run_id, stats, read_back(settings, groups)
 
@@ -153,13 +153,18 @@ class Garbage:
         pass
 
 
-def test_garbage_output_becomes_invalid_action_steps(settings, sites):
-    easy = [t for t in sites.tasks("train") if t.difficulty == "easy"][:1]
-    _, stats, delivered = run_pool(settings, sites, Garbage(), groups=1, workers=1, group_size=1, tasks=easy)
+@pytest.mark.parametrize("streak", [None, 3])
+def test_garbage_output_becomes_invalid_action_steps(settings, sites, streak):
+    easy = [t for t in sites.tasks("train") if t.difficulty == "easy" and t.horizon > 3][:1]
+    _, stats, delivered = run_pool(settings, sites, Garbage(), groups=1, workers=1, group_size=1, tasks=easy,
+                                   episode=EpisodeConfig(max_invalid_streak=streak))
     steps = [d.event for d in delivered if isinstance(d.event, StepRecorded)]
-    assert len(steps) == easy[0].horizon and stats.env_errors == 0
+    assert len(steps) == (streak or easy[0].horizon) and stats.env_errors == 0
     assert all(s.action.kind == "invalid" and s.env_feedback.startswith("invalid action") for s in steps)
     assert all(s.error_class == "invalid_action" for s in steps)
+    (finished,) = [d.event for d in delivered if isinstance(d.event, EpisodeFinished)]
+    assert finished.outcome == "failure" and finished.num_steps == len(steps)
+    assert finished.reason == ("3 invalid actions in a row" if streak else f"horizon of {easy[0].horizon} steps reached")
 
 
 def test_new_policy_version_is_picked_up_between_steps(settings, sites):
