@@ -95,8 +95,8 @@ def demo(
     demo_episodes: int = typer.Option(100, help="Oracle demonstration episodes for the SFT warm start."),
     sft_epochs: int = typer.Option(4),
     rl_minutes: float = typer.Option(5.0, help="Wall budget of the async RL stage."),
-    eval_episodes: int = typer.Option(16, help="Held-out episodes per evaluation (the interval shows the spread; "
-                                               "bench/learning.py uses 100)."),
+    eval_episodes: int = typer.Option(64, help="Held-out episodes per evaluation (Wilson 95% intervals of about "
+                                               "+-0.12; bench/learning.py uses 200)."),
     workers: int = typer.Option(2, help="Browsers in the pool."),
     keep: bool = typer.Option(True, help="Leave the stack running for `dagster dev` and `awrl sql`."),
 ) -> None:
@@ -296,6 +296,8 @@ def training_run(
     eta: int = typer.Option(2, help="Staleness bound (async)."),
     nproc: int = typer.Option(1, help="Trainer processes."),
     lr: float = typer.Option(1e-4),
+    curriculum: bool = typer.Option(False, help="Draw the task families whose recent success is in [0.1, 0.9]."),
+    curriculum_from: list[str] = typer.Option([], help="Earlier runs whose ledgered outcomes seed the curriculum."),
     data_dir: Path = DATA_DIR,
 ) -> None:
     """A training run: stack (started if needed), rollout pool, ledger writer and trainer, live progress."""
@@ -303,6 +305,7 @@ def training_run(
 
     from pipeline.stack.local import LocalStack
     from pipeline.training import RunConfig, run_training
+    from rollout.curriculum import CurriculumConfig
     from trainer.config import TrainConfig
 
     with console.status("starting the local stack ..."):
@@ -310,7 +313,8 @@ def training_run(
     os.environ.update(stack.settings().environ())
     config = RunConfig(mode=mode, minutes=minutes, suite=suite, difficulty=difficulty, policy=policy, noise=noise,
                        model_dir=model_dir, workers=workers, group_size=group_size, eta=eta, nproc=nproc,
-                       train=TrainConfig(run_id="-", groups_per_update=groups_per_update, lr=lr))
+                       train=TrainConfig(run_id="-", groups_per_update=groups_per_update, lr=lr),
+                       curriculum=CurriculumConfig() if curriculum else None, curriculum_from=tuple(curriculum_from))
     with Live(console=console, refresh_per_second=2) as live:
         def show(p) -> None:
             elapsed = time.monotonic() - p.started

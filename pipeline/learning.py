@@ -26,6 +26,7 @@ from pipeline.hashing import weights_sha256
 from pipeline.ledger import LedgerWriter, read_events
 from pipeline.settings import StackSettings
 from pipeline.training import RunConfig, RunSummary, run_training
+from rollout.curriculum import CurriculumConfig
 from rollout.episode import EpisodeConfig
 from rollout.evaluate import EvalResult, evaluate
 from rollout.policy.tiny_vlm import HOME, ensure_tiny_vlm
@@ -69,12 +70,20 @@ class LearningConfig:
     workers: int = 2
     group_size: int = 4
     train: TrainConfig | None = None
-    """RL hyper-parameters (None: 1 group per update, lr 2e-4, gradient clip 1, entropy bonus 1e-3 as a
-    guard against format collapse; the temperature is always `temperature`)."""
+    """RL hyper-parameters (None: `RL_TRAIN`; the temperature is always `temperature`)."""
+    curriculum: CurriculumConfig | None = CurriculumConfig()
+    """RL draws the task families whose recent success is in band, seeded by the SFT evaluation's
+    outcomes (`rollout.curriculum`); None: every training task alike."""
     run_id: str = ""
     out_dir: Path = HOME / "learning"
     """Models, `curve.json` and `curve.png` go to `<out_dir>/<run_id>/`."""
 
+
+RL_TRAIN = TrainConfig(run_id="learn", groups_per_update=2, ppo_epochs=2, lr=1e-4, warmup_updates=2,
+                       entropy_coef=1e-3)
+"""RL hyper-parameters of the learning loop (`make demo`): 2 informative groups a version, 2 optimizer
+steps on each batch (so pi_prox, the clip and approx_kl act), lr 1e-4 after a 2-update warm-up (2e-4
+collapsed the controlled task's format), an entropy bonus against format collapse."""
 
 CONTROLLED_TRAIN = TrainConfig(run_id="controlled", groups_per_update=4, minibatches=2, ppo_epochs=2, lr=1e-4,
                                warmup_updates=5)
@@ -91,7 +100,7 @@ def controlled(run_id: str, out_dir: Path, rl_minutes: float = 3.0, control: str
         suite="boxes", difficulty=None, templates=("red",), demo_templates=("any",), demo_episodes=300,
         sft_epochs=4, sft_batch_steps=4, rl_minutes=rl_minutes, eval_episodes=96, eval_split="test",
         temperature=1.0, workers=2, group_size=8, rl_eval_points=3, run_id=run_id, out_dir=out_dir,
-        warm_start=warm_start, train=CONTROLLED_TRAIN.model_copy(update={"run_id": run_id, "control": control}))
+        warm_start=warm_start, curriculum=None, train=CONTROLLED_TRAIN.model_copy(update={"run_id": run_id, "control": control}))
 
 
 @dataclass
@@ -160,12 +169,14 @@ def run_learning(settings: StackSettings, config: LearningConfig,
         measure("sft", sft_dir, 0, sft_s)
 
         say(f"[3/3] async RL for {config.rl_minutes:g} min from the SFT policy")
-        train = (config.train or TrainConfig(run_id=run_id, groups_per_update=1, lr=2e-4, entropy_coef=1e-3)).model_copy(
-            update={"temperature": config.temperature})
+        train = (config.train or RL_TRAIN).model_copy(update={"run_id": run_id, "temperature": config.temperature})
+        if config.curriculum is not None:
+            LedgerWriter(settings).sync(idle_exit_s=3.0)  # the curriculum starts from the SFT evaluation
         curve.rl = run_training(settings, RunConfig(
             mode="async", minutes=config.rl_minutes, suite=config.suite, difficulty=config.difficulty,
             templates=templates, policy="local", model_dir=sft_dir, workers=config.workers, group_size=config.group_size,
-            train=train, run_id=run_id, log_dir=out / "logs"), on_progress=_rl_progress(say))
+            train=train, curriculum=config.curriculum, curriculum_from=(f"{run_id}-eval-sft",), run_id=run_id,
+            log_dir=out / "logs"), on_progress=_rl_progress(say))
         versions, checkpoints = _published(settings, run_id), CheckpointStore.from_settings(settings)
         for version in _spaced(sorted(versions), config.rl_eval_points):
             measure("rl" if version == max(versions) else f"rl-v{version}", checkpoints.download(versions[version]),

@@ -29,6 +29,7 @@ from pipeline.bus import EventProducer, follow
 from pipeline.ledger import LedgerWriter
 from pipeline.settings import StackSettings
 from pipeline.topics import TRAINER
+from rollout.curriculum import CurriculumConfig
 from rollout.episode import EpisodeConfig
 from rollout.pool import PoolStats
 from rollout.run import RolloutRequest, run_rollout
@@ -62,6 +63,10 @@ class RunConfig:
     """async only: False relaunches each browser after every episode (the everlasting-pool ablation)."""
     train: TrainConfig | None = None
     """Trainer hyper-parameters; `run_id`, `model_dir` and `eta` are set by the run."""
+    curriculum: CurriculumConfig | None = None
+    """Dispatch from task families in the success band (`rollout.curriculum`); None: every task."""
+    curriculum_from: tuple[str, ...] = ()
+    """Earlier runs whose ledgered outcomes seed the curriculum."""
     run_id: str = ""
     log_dir: Path = Path(".awrl/runs")
 
@@ -184,7 +189,8 @@ def _request(config: RunConfig, run_id: str, episodes: int | None, eta: int | No
                           templates=config.templates, run_id=run_id, model_dir=config.model_dir,
                           episode=EpisodeConfig(som=config.som),
                           eta=eta, groups_per_update=train.groups_per_update, temperature=train.temperature,
-                          min_version=min_version, seed=seed, everlasting=config.everlasting)
+                          min_version=min_version, seed=seed, everlasting=config.everlasting,
+                          curriculum=config.curriculum, curriculum_from=config.curriculum_from)
 
 
 def _count(progress: RunProgress):

@@ -7,18 +7,21 @@ import math
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from pipeline.bus import EventProducer
+from pipeline.bus import EventProducer, follow
 from pipeline.checkpoints import CheckpointStore
 from pipeline.settings import StackSettings
+from pipeline.topics import ROLLOUT
+from rollout.curriculum import Curriculum, CurriculumConfig, family_index, seed_from_ledger
 from rollout.dispatcher import dispatch, follow_trainer, task_stream
 from rollout.episode import EpisodeConfig
 from rollout.pool import PoolConfig, PoolStats, RolloutPool
-from rollout.types import Policy, Suite
+from rollout.types import Policy, Suite, Task
 from trainer.staleness import StalenessBudget
 
 SUITES = ("sites", "miniwob", "boxes")
@@ -111,6 +114,11 @@ class RolloutRequest:
     """Keep browsers for the whole run (False: relaunch after every episode, an ablation)."""
     journal_dir: Path | None = Path(".awrl/rollout-journal")
     """Where this host's pools keep their open-episode journals (`rollout.journal`)."""
+    curriculum: CurriculumConfig | None = None
+    """Dispatch from the task families whose recent success is in band (`rollout.curriculum`); None:
+    a seeded shuffle of every task."""
+    curriculum_from: tuple[str, ...] = ()
+    """Earlier runs whose ledgered outcomes seed the curriculum (e.g. the warm start's evaluation)."""
 
 
 def run_rollout(settings: StackSettings, req: RolloutRequest, show_progress: bool = True,
@@ -134,8 +142,9 @@ def run_rollout(settings: StackSettings, req: RolloutRequest, show_progress: boo
         if req.dispatch:
             tasks = [t for t in suite.tasks(req.split) if req.difficulty in (None, t.difficulty)
                      and (req.templates is None or t.template in req.templates)]
+            stream = _task_stream(settings, suite, tasks, req)
             threading.Thread(target=_dispatch_loop, daemon=True,
-                             args=(settings, pool, run_id, task_stream(tasks, seed=req.seed), req, groups, finished)).start()
+                             args=(settings, pool, run_id, stream, req, groups, finished)).start()
         threading.Thread(target=lambda: (stop.wait(), finished.is_set() or pool.request_stop()), daemon=True).start()
         with _progress(show_progress and on_progress is None) as (progress, update):
             stats = asyncio.run(pool.run(max_groups=groups, on_progress=on_progress or update))
@@ -143,6 +152,16 @@ def run_rollout(settings: StackSettings, req: RolloutRequest, show_progress: boo
         return stats
     finally:
         suite.stop()
+
+
+def _task_stream(settings, suite: Suite, tasks: list[Task], req: RolloutRequest) -> Iterator[Task]:
+    """The dispatcher's task order: a seeded shuffle, or a curriculum fed by the ledger (earlier runs)
+    and by this run's own rollout log."""
+    if req.curriculum is None:
+        return task_stream(tasks, seed=req.seed)
+    curriculum = Curriculum(tasks, req.curriculum, seed=req.seed, family_of=family_index(suite))
+    seed_from_ledger(curriculum, settings, req.curriculum_from)
+    return curriculum
 
 
 def _dispatch_loop(settings, pool: RolloutPool, run_id, tasks, req: RolloutRequest, groups, stop) -> None:
@@ -153,6 +172,9 @@ def _dispatch_loop(settings, pool: RolloutPool, run_id, tasks, req: RolloutReque
     if req.eta is not None:
         budget = StalenessBudget(req.eta, req.groups_per_update)
         threading.Thread(target=follow_trainer, args=(settings, run_id, budget, stop, producer), daemon=True).start()
+    if isinstance(tasks, Curriculum):  # this run's outcomes, from the start of its log
+        threading.Thread(target=follow, args=(settings, ROLLOUT, run_id, tasks.on_event, stop, producer),
+                         kwargs={"client_id": "curriculum"}, daemon=True).start()
     backlog = max(2, 2 * req.workers // req.group_size)
     stats = pool.stats
     try:
