@@ -5,7 +5,7 @@
     con.sql("SELECT outcome, avg(num_steps) FROM trajectories GROUP BY ALL").show()
     drift_metrics(con, "run-7").to_dict()
 
-The SQL lives in `analysis/sql/*.sql`; the CLI verbs (`awrl sql | drift | report`) in `analysis.cli`.
+The SQL lives in `analysis/sql/*.sql`; the CLI verbs (`awrl sql | drift | report`) in `app.analysis_cli`.
 """
 
 from analysis.drift import DriftConfig, DriftReport, drift_metrics

@@ -30,7 +30,6 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 
-from pipeline.advantages import group_advantages, informative
 from pipeline.ledger import list_parquet
 from pipeline.settings import StackSettings
 from schemas import (
@@ -46,6 +45,7 @@ from schemas import (
     UpdateApplied,
     arrow_schema,
 )
+from trainer.advantages import group_advantages, informative
 
 SQL_DIR = Path(__file__).with_name("sql")
 RAW_VIEWS: dict[str, type[Event]] = {
@@ -82,7 +82,7 @@ def connect(source: Source, *, read_only: bool = True) -> duckdb.DuckDBPyConnect
     `read_only` locks the connection down once the views exist: no file outside the ledger can be
     read or written, no extension installed or loaded, no database attached, and no setting changed.
     (DuckDB must still be allowed to read the local ledger directory, which also lets a COPY write
-    into it; `analysis.cli.check_read_only` refuses every statement that is not a query.)
+    into it; `app.analysis_cli.check_read_only` refuses every statement that is not a query.)
     """
     fs, root = _filesystem(source)
     files = _files_by_type(fs, root)

@@ -3,8 +3,8 @@
 The run's full stream of completed groups (the ones it trained and the ones it dropped) is judged
 again against its recorded version timeline: each group at the version that was current when it
 completed (the last one published before it), by the trainer's own filters
-(`trainer.staleness.admissible`, `pipeline.advantages.informative`, the token check) under the
-counterfactual settings. Advantages come from `pipeline.advantages.group_advantages`, as online.
+(`trainer.staleness.admissible`, `trainer.advantages.informative`, the token check) under the
+counterfactual settings. Advantages come from `trainer.advantages.group_advantages`, as online.
 
 The timeline is the recorded one: admitting more or fewer groups would have changed when versions
 were published, which no re-batching can know. So this answers "which groups would this rule have
@@ -20,7 +20,7 @@ from typing import Literal
 
 import duckdb
 
-from pipeline.advantages import group_advantages, informative
+from trainer.advantages import group_advantages, informative
 from trainer.staleness import admissible
 
 Filter = Literal["dynamic", "none", "raft"]

@@ -33,18 +33,26 @@ from pathlib import Path
 
 import torch
 
+from model.inputs import forward_log_softmax, inputs_from_ids, suppressed_token_ids
+from model.tiny_vlm import load_tiny_vlm
 from pipeline.checkpoints import CheckpointStore
 from pipeline.hashing import weights_sha256
 from pipeline.ledger import read_events
 from pipeline.settings import StackSettings
 from pipeline.store import ScreenshotStore
-from rollout.policy.local import forward_log_softmax, inputs_from_ids, suppressed_token_ids
-from rollout.policy.tiny_vlm import load_tiny_vlm
 from schemas import BY_NAME, UpdateApplied, table_to_events
 from trainer.batch import GroupAssembler, TrainGroup
 from trainer.config import TrainConfig
-from trainer.update import (Scorer, StepSample, accumulate_gradients, flatten, proximal_logprobs, set_lr, shard,
-                            update_stats)
+from trainer.update import (
+    Scorer,
+    StepSample,
+    accumulate_gradients,
+    flatten,
+    proximal_logprobs,
+    set_lr,
+    shard,
+    update_stats,
+)
 
 VARIANTS: dict[str, dict[str, object]] = {
     "per_trajectory": {"grpo.normalizer": "per_trajectory"},
@@ -251,7 +259,7 @@ def _value(r: Replayed, key: str) -> float:
 
 def write_report(results: list[BatchReplay], out_dir: Path, title: str) -> Path:
     """Markdown side by side (recorded config vs variant, per optimizer step) and a PNG of the same."""
-    import matplotlib
+    import matplotlib  # here: the Agg backend must be chosen before pyplot loads, and only reports need it
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

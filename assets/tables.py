@@ -15,8 +15,11 @@ import io
 import dagster as dg
 import pyarrow as pa
 
+from analysis.curves import evaluation_points, success_by_version
+from analysis.drift import DriftReport, drift_metrics
+from analysis.ledger import connect
 from assets.io import Ledger, sql
-from pipeline.advantages import group_advantages, informative
+from trainer.advantages import group_advantages, informative
 
 runs = dg.DynamicPartitionsDefinition(name="runs")
 """One partition per `run_id` found in the ledger."""
@@ -100,7 +103,7 @@ def trajectories(context: dg.AssetExecutionContext, ledger: Ledger, steps: pa.Ta
 
 @dg.asset(partitions_def=runs)
 def groups(context: dg.AssetExecutionContext, ledger: Ledger) -> dg.Output[pa.Table]:
-    """One row per completed GRPO group with its advantages, computed by `pipeline.advantages`: the very
+    """One row per completed GRPO group with its advantages, computed by `trainer.advantages`: the very
     function the trainer's batch builder calls, so this table shows exactly what was trained on.
     `informative` is False where all rewards are equal (dynamic sampling drops those groups)."""
     table = ledger.events(context.partition_key, "GroupCompleted", columns=[
@@ -182,9 +185,6 @@ def learning_curve(context: dg.AssetExecutionContext, ledger: Ledger) -> dg.Outp
     """Success on the run's training tasks per policy version, with its 95% Wilson interval: the
     `success_by_version` view, so this table, `awrl report`'s plot and `awrl sql` agree. The held-out
     half of the curve is the run's `EvaluationCompleted` events (`evaluations` view); its count is noted."""
-    from analysis.curves import evaluation_points, success_by_version
-    from analysis.ledger import connect
-
     with connect(ledger.settings()) as con:
         table = success_by_version(con, context.partition_key)
         evaluations = len(evaluation_points(con, context.partition_key))
@@ -213,9 +213,6 @@ def memory_drift(context: dg.AssetExecutionContext, ledger: Ledger) -> dg.Output
     """The paper's length-coupled memory drift of one run (`analysis.drift`, AsyncWebRL, arXiv 2606.05597): one row of
     metrics with its curves nested, so runs trained with 1/|tau| and 1/k compare side by side across
     partitions. The keys-per-step curve is the picture of the drift: ~1 key per step under 1/|tau|."""
-    from analysis.drift import DriftReport, drift_metrics
-    from analysis.ledger import connect
-
     report = drift_metrics(connect(ledger.settings()), context.partition_key).to_dict()
     schema = pa.schema([(f.name, _DRIFT_TYPES.get(f.name) or _DRIFT_TYPES[f.type])
                         for f in dataclasses.fields(DriftReport)])

@@ -10,13 +10,17 @@ window at risk. Two flush intervals run side by side (the default and twice it).
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # tests/samples.py
+
 import argparse
 import statistics
 import tempfile
 import threading
 import time
 import uuid
-from pathlib import Path
 
 import pyarrow.dataset as ds
 from rich.console import Console
@@ -25,10 +29,11 @@ from rich.table import Table
 
 from pipeline.bus import EventProducer, create_topics
 from pipeline.ledger import LedgerConfig, LedgerWriter, ledger_filesystem, list_parquet
-from pipeline.samples import sample_group
 from pipeline.settings import StackSettings
 from pipeline.stack.process import stop
 from pipeline.stack.tansu import start_tansu
+
+from samples import sample_group
 
 
 def one_restart(tmp: Path, flush_s: float, rate_groups: float, warm_s: float) -> dict:

@@ -8,13 +8,17 @@ other (this machine is noisy). Prints a table and writes bench/out/bus_and_store
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # tests/samples.py
+
 import json
 import multiprocessing as mp
 import os
 import tempfile
 import time
 import uuid
-from pathlib import Path
 
 import typer
 import zstandard
@@ -22,11 +26,12 @@ from rich.console import Console
 from rich.table import Table
 
 from pipeline.bus import EventConsumer, EventProducer, create_topics
-from pipeline.samples import render_page, sample_step
 from pipeline.stack.local import LocalStack
 from pipeline.store import ScreenshotStore
 from pipeline.topics import ROLLOUT
 from schemas import encode_event
+
+from samples import render_page, sample_step
 
 console = Console()
 

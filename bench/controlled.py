@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/controlled.py [--repeats 3] [--rl-minutes 3]
 
-Each repeat is `tests/test_learning.py`'s pair on a fresh local stack (`pipeline.learning.controlled`):
+Each repeat is `tests/test_learning.py`'s pair on a fresh local stack (`app.learning.controlled`):
 demonstrations of "click any box", SFT, then RL on "click the red box" from it, and the same RL with
 each group's rewards shuffled. Prints held-out success (96 episodes per point) before and after RL for
 both, the rise and the control's drift, and the margins against the test's thresholds; draws success
@@ -28,7 +28,7 @@ OUT = Path(__file__).parent / "out"
 def main(repeats: int = 3, rl_minutes: float = 3.0) -> None:
     from analysis import connect
     from analysis.curves import compare_versions_png, success_by_version
-    from pipeline.learning import controlled, run_learning
+    from app.learning import controlled, run_learning
     from pipeline.stack.local import LocalStack
 
     rows, curves = [], {}

@@ -15,6 +15,11 @@ the load average, which is printed too. Writes bench/out/drift.json.
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # tests/samples.py
+
 import json
 import os
 import resource
@@ -22,7 +27,6 @@ import shutil
 import statistics
 import tempfile
 import time
-from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -33,7 +37,6 @@ from rich.console import Console
 from rich.table import Table
 
 from analysis import DriftConfig, connect, drift_metrics
-from pipeline.samples import sample_group
 from schemas import (
     EpisodeFinished,
     EpisodeStarted,
@@ -44,6 +47,8 @@ from schemas import (
     events_to_table,
     table_to_events,
 )
+
+from samples import sample_group
 
 RUN = "bench"
 GROUP = 8
@@ -178,7 +183,7 @@ def _groups_and_updates(root: Path, rng, tids: pa.Array, success, length, tversi
 
 
 def realistic_bytes_per_step(steps: int = 2_000) -> float:
-    """Parquet bytes per StepRecorded as the ledger writer stores `pipeline.samples` steps (1,200 prompt
+    """Parquet bytes per StepRecorded as the ledger writer stores `tests/samples.py` steps (1,200 prompt
     and 300 response tokens), since the large run above carries no prompt tokens."""
     events = [e for g in range(steps // 10) for e in sample_group(RUN, f"g{g}", [SHA], group_size=4, steps=5, seed=g)
               if isinstance(e, StepRecorded)]

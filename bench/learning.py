@@ -3,7 +3,7 @@
     .venv/bin/python bench/learning.py [--suite miniwob] [--demo-episodes 200] [--sft-epochs 5]
                                        [--rl-minutes 10] [--eval-episodes 100]
 
-A fresh local stack; `pipeline.learning.run_learning` with these budgets (the same code `awrl demo`
+A fresh local stack; `app.learning.run_learning` with these budgets (the same code `awrl demo`
 runs with smaller ones). Prints the curve with Wilson 95% intervals and the two differences the
 issue asks about (SFT + RL over untrained, RL over SFT, each with a two-proportion z-test), and writes
 bench/out/learning.json and bench/out/learning-curve.png. The curve is also in the stack's ledger
@@ -28,7 +28,7 @@ OUT = Path(__file__).parent / "out"
 
 def main(suite: str = "miniwob", demo_episodes: int = 200, sft_epochs: int = 5, rl_minutes: float = 10.0,
          eval_episodes: int = 100, temperature: float = 0.5, workers: int = 2) -> None:
-    from pipeline.learning import LearningConfig, run_learning
+    from app.learning import LearningConfig, run_learning
     from pipeline.stack.local import LocalStack
 
     with tempfile.TemporaryDirectory() as d:

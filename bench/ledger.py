@@ -8,11 +8,15 @@ local radosgw), side by side in one run.
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # tests/samples.py
+
 import json
 import tempfile
 import time
 import uuid
-from pathlib import Path
 
 import typer
 from rich.console import Console
@@ -20,9 +24,10 @@ from rich.table import Table
 
 from pipeline.bus import EventProducer, create_topics
 from pipeline.ledger import LedgerConfig, LedgerWriter
-from pipeline.samples import sample_step
 from pipeline.stack.local import LocalStack
 from schemas import encode_event
+
+from samples import sample_step
 
 console = Console()
 

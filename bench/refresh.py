@@ -32,10 +32,10 @@ from rich.console import Console
 from rich.table import Table
 from transformers.utils import logging as hf_logging
 
+from model.tiny_vlm import ensure_tiny_vlm, load_tiny_vlm, save_tiny_vlm
 from pipeline.checkpoints import CheckpointStore
 from pipeline.stack.local import LocalStack
 from rollout.policy.local import LocalPolicy
-from rollout.policy.tiny_vlm import ensure_tiny_vlm, load_tiny_vlm, save_tiny_vlm
 
 console = Console()
 STAGES = ["save", "upload", "download", "cache hit", "load path", "load s3", "end to end"]

@@ -29,8 +29,8 @@ OUT = Path(__file__).parent / "out"
 def main(minutes: float = 3.0, nproc: int = 1, policy: str = "demo", model_dir: Path = None,
          suite: str = "sites", temperature: float = 1.0) -> None:
     from analysis.replay import VARIANTS, replay
+    from app.training import RunConfig, run_training
     from pipeline.stack.local import LocalStack
-    from pipeline.training import RunConfig, run_training
     from trainer.config import TrainConfig
 
     with tempfile.TemporaryDirectory() as d:

@@ -14,15 +14,18 @@ Ratios are against "1 process". Writes bench/out/trainer.json.
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # tests/samples.py
+
 import json
 import os
 import pickle
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
-from pathlib import Path
 
 import typer
 from rich.console import Console
@@ -32,13 +35,14 @@ console = Console()
 
 
 def record_batch(groups: int, store):
+    from model.prompt import render_prompt
     from pipeline.hashing import sha256_hex
-    from pipeline.samples import render_page, sample_step
     from rollout.policy.local import LocalPolicy
-    from rollout.policy.prompt import render_prompt
-    from rollout.types import Mark, Observation
     from schemas import GroupCompleted
+    from schemas.observation import Mark, Observation
     from trainer.batch import TrainGroup
+
+    from samples import render_page, sample_step
 
     policy, batch = LocalPolicy(max_new_tokens=32, seed=0), []
     for g in range(groups):
@@ -69,10 +73,10 @@ def worker(batch_path: str, mode: str, reps: int, out_path: str) -> None:
     import torch
     import torch.distributed as dist
 
+    from model.inputs import suppressed_token_ids
+    from model.tiny_vlm import ensure_tiny_vlm, load_tiny_vlm
     from pipeline.settings import StackSettings
     from pipeline.store import ScreenshotStore
-    from rollout.policy.local import suppressed_token_ids
-    from rollout.policy.tiny_vlm import ensure_tiny_vlm, load_tiny_vlm
     from trainer.config import TrainConfig
     from trainer.train import _all_reduce_gradients
     from trainer.update import Scorer, accumulate_gradients, flatten, proximal_logprobs, shard

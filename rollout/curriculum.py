@@ -27,8 +27,9 @@ from dataclasses import dataclass
 from pipeline.ledger import read_events
 from pipeline.settings import StackSettings
 from rollout.dispatcher import task_stream
-from rollout.types import Suite, Task
+from rollout.types import Suite
 from schemas import GroupCompleted
+from schemas.observation import Task
 
 
 @dataclass(frozen=True)

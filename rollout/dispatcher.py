@@ -1,10 +1,10 @@
 """The task dispatcher: one process that publishes task groups for the rollout pools to run.
 
-It picks tasks from a suite's training split in a seeded order and publishes `TaskGroupDispatched`
-(task, seed, group size G). With a staleness budget (`trainer.staleness.StalenessBudget`) it
-dispatches only while the groups in flight fit the bound; `follow_trainer` feeds the budget from
-the trainer's events, so the pool pauses when the trainer falls behind instead of producing groups
-that would be dropped as stale.
+It picks tasks from a suite's training split in a seeded order (or a `rollout.curriculum`) and
+publishes `TaskGroupDispatched` (task, seed, group size G). With an `Admission` (the trainer's
+staleness budget, which the application layer passes in) it dispatches only while the groups in
+flight fit the bound; `follow_trainer` feeds it from the trainer's events, so the pool pauses when the
+trainer falls behind instead of producing groups that would be dropped as stale.
 """
 
 from __future__ import annotations
@@ -13,13 +13,32 @@ import random
 import threading
 import uuid
 from collections.abc import Iterator
+from typing import Protocol
 
 from pipeline.bus import EventProducer, follow
 from pipeline.settings import StackSettings
 from pipeline.topics import TRAINER
-from rollout.types import Task
 from schemas import GroupDropped, PolicyVersionPublished, TaskGroupDispatched
-from trainer.staleness import StalenessBudget
+from schemas.observation import Task
+
+
+class Admission(Protocol):
+    """May one more group be dispatched? (`trainer.staleness.StalenessBudget` is the implementation.)"""
+
+    @property
+    def current_version(self) -> int: ...
+
+    def try_dispatch(self, n: int = 1) -> bool:
+        """Reserve `n` groups if the bound allows; the caller dispatches only on True."""
+        ...
+
+    def version(self, v: int) -> None:
+        """The trainer published version `v`."""
+        ...
+
+    def rejected(self, n: int = 1) -> None:
+        """The trainer dropped `n` dispatched groups."""
+        ...
 
 
 def task_stream(tasks: list[Task], seed: int = 0) -> Iterator[Task]:
@@ -47,7 +66,7 @@ def dispatch(producer: EventProducer, run_id: str, tasks: Iterator[Task], groups
     return events
 
 
-def follow_trainer(settings: StackSettings, run_id: str, budget: StalenessBudget, stop: threading.Event,
+def follow_trainer(settings: StackSettings, run_id: str, budget: Admission, stop: threading.Event,
                    producer: EventProducer) -> None:
     """Feed `budget` from the run's trainer events (from the start of the log) until `stop` is set."""
 

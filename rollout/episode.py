@@ -17,8 +17,9 @@ from dataclasses import dataclass
 from rollout.actions import describe, parse_response
 from rollout.browser import BrowserWorker
 from rollout.execute import BrowserScreen
-from rollout.types import Observation, PastStep, Policy, Screen, Suite, Task, Verdict
+from rollout.types import Policy, Screen, Suite, Verdict
 from schemas import EpisodeFinished, EpisodeStarted, Event, StepRecorded, StepTimings
+from schemas.observation import Observation, PastStep, Task
 
 
 @dataclass(frozen=True)

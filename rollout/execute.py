@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from urllib.parse import urlparse
 
 from rollout.som import MARK_ATTR, collect_marks, draw_marks
-from rollout.types import Mark
 from schemas import Action
+from schemas.observation import Mark
 
 ACTION_TIMEOUT_MS = 3000
 SETTLE_TIMEOUT_MS = 2000

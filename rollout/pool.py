@@ -27,7 +27,7 @@ from pipeline.topics import TASKS, TRAINER
 from rollout.browser import BrowserConfig, BrowserWorker
 from rollout.episode import EpisodeConfig, EpisodeContext, run_episode
 from rollout.journal import EpisodeJournal, reap
-from rollout.types import Policy, Suite, Task
+from rollout.types import Policy, Suite
 from schemas import (
     EpisodeFinished,
     EpisodeStarted,
@@ -37,6 +37,7 @@ from schemas import (
     StepRecorded,
     TaskGroupDispatched,
 )
+from schemas.observation import Task
 
 
 @dataclass(frozen=True)

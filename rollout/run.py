@@ -18,16 +18,18 @@ from pipeline.checkpoints import CheckpointStore
 from pipeline.settings import StackSettings
 from pipeline.topics import ROLLOUT
 from rollout.curriculum import Curriculum, CurriculumConfig, family_index, seed_from_ledger
-from rollout.dispatcher import dispatch, follow_trainer, task_stream
+from rollout.dispatcher import Admission, dispatch, follow_trainer, task_stream
 from rollout.episode import EpisodeConfig
 from rollout.pool import PoolConfig, PoolStats, RolloutPool
-from rollout.types import Policy, Suite, Task
-from trainer.staleness import StalenessBudget
+from rollout.types import Policy, Suite
+from schemas.observation import Task
 
 SUITES = ("sites", "miniwob", "boxes")
 POLICIES = ("oracle", "random", "local", "vllm", "demo")
 
 
+# make_suite and make_policy import each backend when it is chosen: a suite or policy brings heavy
+# dependencies (Playwright, MiniWoB++, torch, HTTP clients) that the others do not need.
 def make_suite(name: str) -> Suite:
     if name == "sites":
         from rollout.suites.sites import SitesSuite
@@ -100,10 +102,6 @@ class RolloutRequest:
     model_dir: Path | None = None
     vllm_url: str | None = None
     episode: EpisodeConfig = EpisodeConfig()
-    eta: int | None = None
-    """Staleness bound for dispatch admission (the trainer's eta); None dispatches without a budget."""
-    groups_per_update: int = 4
-    """The trainer's batch size in groups (the budget's unit)."""
     noise: float = 0.0
     """`demo` policy only: probability of a random action instead of the oracle's."""
     temperature: float = 1.0
@@ -122,9 +120,10 @@ class RolloutRequest:
 
 
 def run_rollout(settings: StackSettings, req: RolloutRequest, show_progress: bool = True,
-                stop: threading.Event | None = None, on_progress=None) -> PoolStats:
+                stop: threading.Event | None = None, on_progress=None, admission: Admission | None = None) -> PoolStats:
     """Run the pool (and the dispatcher) until `req.episodes` are done or `stop` is set.
-    `on_progress(pool)` after each episode replaces the progress bar."""
+    `on_progress(pool)` after each episode replaces the progress bar. `admission`: the staleness budget
+    the dispatcher asks before each group (fed from the run's trainer events); None: no bound."""
     run_id = req.run_id or f"rollout-{uuid.uuid4().hex[:8]}"
     suite = make_suite(req.suite)
     suite.start()
@@ -144,7 +143,7 @@ def run_rollout(settings: StackSettings, req: RolloutRequest, show_progress: boo
                      and (req.templates is None or t.template in req.templates)]
             stream = _task_stream(settings, suite, tasks, req)
             threading.Thread(target=_dispatch_loop, daemon=True,
-                             args=(settings, pool, run_id, stream, req, groups, finished)).start()
+                             args=(settings, pool, run_id, stream, req, groups, finished, admission)).start()
         threading.Thread(target=lambda: (stop.wait(), finished.is_set() or pool.request_stop()), daemon=True).start()
         with _progress(show_progress and on_progress is None) as (progress, update):
             stats = asyncio.run(pool.run(max_groups=groups, on_progress=on_progress or update))
@@ -164,13 +163,12 @@ def _task_stream(settings, suite: Suite, tasks: list[Task], req: RolloutRequest)
     return curriculum
 
 
-def _dispatch_loop(settings, pool: RolloutPool, run_id, tasks, req: RolloutRequest, groups, stop) -> None:
+def _dispatch_loop(settings, pool: RolloutPool, run_id, tasks, req: RolloutRequest, groups, stop,
+                   budget: Admission | None) -> None:
     """Keep a small backlog of groups ahead of the pool (finite runs dispatch exactly `groups`), within
     the staleness budget when one is set."""
     producer = EventProducer(settings, client_id="dispatcher")
-    budget = None
-    if req.eta is not None:
-        budget = StalenessBudget(req.eta, req.groups_per_update)
+    if budget is not None:
         threading.Thread(target=follow_trainer, args=(settings, run_id, budget, stop, producer), daemon=True).start()
     if isinstance(tasks, Curriculum):  # this run's outcomes, from the start of its log
         threading.Thread(target=follow, args=(settings, ROLLOUT, run_id, tasks.on_event, stop, producer),

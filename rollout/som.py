@@ -12,7 +12,7 @@ import io
 
 from PIL import Image, ImageDraw
 
-from rollout.types import Mark
+from schemas.observation import Mark
 
 MARK_ATTR = "data-awrl-mark"
 

@@ -2,7 +2,7 @@ import random
 
 import pytest
 
-from pipeline.advantages import group_advantages, informative
+from trainer.advantages import group_advantages, informative
 
 
 def test_hand_computed_group():

@@ -18,8 +18,7 @@ import typer
 from typer.testing import CliRunner
 
 from analysis import RAW_VIEWS, VIEWS, DriftConfig, connect, drift_metrics, write_report
-from analysis.cli import BadParameters, NotReadOnly, check_read_only, register, run_query
-from pipeline.advantages import group_advantages
+from app.analysis_cli import BadParameters, NotReadOnly, check_read_only, register, run_query
 from schemas import (
     Action,
     EpisodeFinished,
@@ -32,6 +31,7 @@ from schemas import (
     arrow_schema,
     events_to_table,
 )
+from trainer.advantages import group_advantages
 
 SHA = "ab" * 32
 KETTLE = "Find the price of the blue kettle"  # content words: price, blue, kettle

@@ -12,11 +12,12 @@ import pytest
 from assets import all_assets, defs
 from assets.io import Ledger, ParquetIOManager
 from assets.sensors import ledger_sensor
-from pipeline.advantages import group_advantages, informative
 from pipeline.ledger import LedgerWriter
-from pipeline.samples import sample_group
 from pipeline.settings import StackSettings
 from schemas import BY_NAME, PolicyVersionPublished, UpdateApplied
+from trainer.advantages import group_advantages, informative
+
+from samples import sample_group
 
 SHA = "ab" * 32
 RUN = "run-a"

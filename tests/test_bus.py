@@ -8,9 +8,10 @@ from collections import defaultdict
 from kafka import KafkaConsumer
 
 from pipeline.bus import EventConsumer, EventProducer, read_log, topic_name
-from pipeline.samples import sample_step
 from pipeline.topics import DEAD_LETTER, ROLLOUT, TRAINER
 from schemas import EpisodeFinished
+
+from samples import sample_step
 
 SHA = "cd" * 32
 

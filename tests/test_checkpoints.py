@@ -164,8 +164,8 @@ def test_names_and_defaults(store, monkeypatch, tmp_path):
 
 
 def test_local_policy_refreshes_from_s3(store, run_id, tmp_path):
+    from model.tiny_vlm import ensure_tiny_vlm, load_tiny_vlm, save_tiny_vlm
     from rollout.policy.local import LocalPolicy
-    from rollout.policy.tiny_vlm import ensure_tiny_vlm, load_tiny_vlm, save_tiny_vlm
 
     base = ensure_tiny_vlm()
     model, tokenizer, _ = load_tiny_vlm(base)

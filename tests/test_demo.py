@@ -17,7 +17,7 @@ from pipeline.store import ScreenshotStore
 def test_demo_runs_on_the_running_stack(stack, tmp_path):
     """Every stage with a tiny budget: untrained eval, demonstrations, SFT, async RL, evals, ledger, Dagster."""
     out = subprocess.run(
-        [sys.executable, "-m", "pipeline.cli", "demo", "--suite", "miniwob", "--demo-episodes", "4", "--sft-epochs",
+        [sys.executable, "-m", "app.cli", "demo", "--suite", "miniwob", "--demo-episodes", "4", "--sft-epochs",
          "1", "--rl-minutes", "0.5", "--eval-episodes", "2", "--no-keep", "--data-dir", str(stack.data_dir)],
         capture_output=True, text=True, timeout=900, cwd=tmp_path,
     )
@@ -37,10 +37,10 @@ def test_demo_runs_on_the_running_stack(stack, tmp_path):
 
 
 def test_every_verb_has_help():
-    top = subprocess.run([sys.executable, "-m", "pipeline.cli", "--help"], capture_output=True, text=True)
+    top = subprocess.run([sys.executable, "-m", "app.cli", "--help"], capture_output=True, text=True)
     assert top.returncode == 0
     for verb in (["stack"], ["stack", "up"], ["stack", "down"], ["stack", "status"], ["demo"]):
-        out = subprocess.run([sys.executable, "-m", "pipeline.cli", *verb, "--help"], capture_output=True, text=True)
+        out = subprocess.run([sys.executable, "-m", "app.cli", *verb, "--help"], capture_output=True, text=True)
         assert out.returncode == 0 and "Usage" in out.stdout, verb
 
 

@@ -17,11 +17,9 @@ import time
 import uuid
 
 import pytest
-from faults import account, ledger_ids, log_ids
 
 from pipeline.bus import EventProducer, create_topics, read_log
 from pipeline.ledger import LedgerWriter
-from pipeline.samples import sample_group
 from pipeline.stack.local import LocalStack
 from pipeline.stack.tansu import start_tansu
 from pipeline.store import ScreenshotStore, StoreUnavailable, patiently
@@ -31,6 +29,9 @@ from rollout.episode import EpisodeConfig
 from rollout.policy.scripted import OraclePolicy
 from rollout.pool import PoolConfig, RolloutPool
 from schemas import EpisodeFinished, GroupCompleted, StepRecorded
+
+from faults import account, ledger_ids, log_ids
+from samples import sample_group
 
 SHA = "cd" * 32
 
@@ -256,7 +257,7 @@ def test_patiently_passes_real_errors_through(settings):
 def _pool_process(settings, run_id: str, journal, groups: int):
     """`awrl rollout` serving the run's dispatched groups (a pool process as deployed)."""
     env = {**os.environ, **settings.environ(), "AWRL_ROLLOUT_JOURNAL": str(journal)}
-    argv = [sys.executable, "-m", "pipeline.cli", "rollout", "--no-dispatch", "--run-id", run_id, "--workers", "1",
+    argv = [sys.executable, "-m", "app.cli", "rollout", "--no-dispatch", "--run-id", run_id, "--workers", "1",
             "-g", "2", "--episodes", str(2 * groups)]
     return subprocess.Popen(argv, env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 

@@ -14,18 +14,19 @@ import subprocess
 import time
 import uuid
 
-from faults import account, log_ids
 from test_train_resume import publish_groups, published, trainer_events
 
 from pipeline.bus import EventProducer, read_log
 from pipeline.ledger import LedgerWriter
-from pipeline.samples import sample_group
 from pipeline.store import ScreenshotStore
 from pipeline.topics import ROLLOUT
 from schemas import GroupDropped, StepRecorded, UpdateApplied
 from trainer.batch import BatchBuilder
 from trainer.config import TrainConfig
 from trainer.launch import torchrun_command
+
+from faults import account, log_ids
+from samples import sample_group
 
 
 def corrupt_one_screenshot(settings, run_id: str, group_id: str) -> str:

@@ -14,13 +14,12 @@ from dataclasses import dataclass
 
 import pyarrow.parquet as pq
 import pytest
-from hypothesis import HealthCheck, Phase, given, settings as hsettings
+from hypothesis import HealthCheck, Phase, given
+from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
-from faults import ledger_ids
 from pipeline.bus import EventProducer, _rejection, read_records, topic_name
 from pipeline.ledger import LedgerConfig, LedgerWriter, ledger_filesystem, list_parquet
-from pipeline.samples import sample_group
 from pipeline.topics import DEAD_LETTER, ROLLOUT, TASKS, TRAINER, Topic, topic_of
 from schemas import (
     EvaluationCompleted,
@@ -30,6 +29,9 @@ from schemas import (
     UpdateApplied,
     encode_event,
 )
+
+from faults import ledger_ids
+from samples import sample_group
 
 TOTAL = 10_000
 HUGE = 5

@@ -2,7 +2,7 @@
 negative control (issue: prove the learning path before tuning it).
 
 The `boxes` suite draws its screens itself (no browser), everything else is production: episodes on
-the real broker and object store, the ledger, `GroupAssembler` and `pipeline.advantages`, decoupled
+the real broker and object store, the ledger, `GroupAssembler` and `trainer.advantages`, decoupled
 PPO with multi-step GRPO under torchrun, `PolicyVersionPublished` and the pool's in-place refresh.
 The warm start clones demonstrations of "click any box", so on "click the red box" it is at chance
 (about 1/4, four boxes). RL must then raise held-out success by at least 0.4 absolute; the same run
@@ -17,7 +17,7 @@ import uuid
 
 import pytest
 
-from pipeline.learning import controlled, run_learning
+from app.learning import controlled, run_learning
 from pipeline.ledger import read_events
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]

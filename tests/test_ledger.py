@@ -11,12 +11,13 @@ import threading
 import time
 
 import pyarrow.dataset as ds
-from faults import account
 
 from pipeline.bus import EventProducer
 from pipeline.ledger import LedgerWriter, ledger_filesystem, list_parquet
-from pipeline.samples import sample_group
 from schemas import StepRecorded
+
+from faults import account
+from samples import sample_group
 
 SHA = "ef" * 32
 
@@ -71,7 +72,7 @@ def test_writer_killed_with_sigkill_loses_nothing_duplicates_nothing(settings, t
         producer.close()
         done.set()
 
-    writer_cmd = [sys.executable, "-m", "pipeline.cli", "ledger", "sync", "--follow"]
+    writer_cmd = [sys.executable, "-m", "app.cli", "ledger", "sync", "--follow"]
     rng = random.Random(7)
     threading.Thread(target=produce).start()
     kills = 0
@@ -85,7 +86,7 @@ def test_writer_killed_with_sigkill_loses_nothing_duplicates_nothing(settings, t
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
         kills += 1
-    final = subprocess.run([sys.executable, "-m", "pipeline.cli", "ledger", "sync"], env=env, capture_output=True,
+    final = subprocess.run([sys.executable, "-m", "app.cli", "ledger", "sync"], env=env, capture_output=True,
                            text=True, timeout=120)
     assert final.returncode == 0, final.stderr
     ids = ledger_ids(settings)

@@ -19,11 +19,13 @@ import torch
 from PIL import Image, ImageDraw
 from transformers import AutoTokenizer
 
-from rollout.policy.local import LocalPolicy, build_inputs, suppressed_token_ids
-from rollout.policy.prompt import CHAT_TEMPLATE, PromptConfig, build_messages, render_chat, render_prompt
-from rollout.policy.tiny_vlm import build_tiny_vlm, load_tiny_vlm, save_tiny_vlm, train_tokenizer
+from model.inputs import build_inputs, suppressed_token_ids
+from model.prompt import CHAT_TEMPLATE, PromptConfig, build_messages, render_chat, render_prompt
+from model.tiny_vlm import build_tiny_vlm, load_tiny_vlm, save_tiny_vlm, train_tokenizer
+from rollout.policy.local import LocalPolicy
 from rollout.policy.vllm_client import VLLMPolicy
-from rollout.types import Mark, Observation, PastStep, Policy
+from rollout.types import Policy
+from schemas.observation import Mark, Observation, PastStep
 
 
 @functools.cache

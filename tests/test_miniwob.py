@@ -19,7 +19,8 @@ from playwright.async_api import async_playwright
 from rollout.suites.miniwob import ORACLE_TASKS, MiniWobSuite, oracle_plan_step
 from rollout.suites.miniwob.suite import _load_tasks
 from rollout.suites.tasks_io import TaskFileError
-from rollout.types import Mark, Observation, Task, Verdict
+from rollout.types import Verdict
+from schemas.observation import Mark, Observation, Task
 
 CHROMIUM_ARGS = [
     "--headless",

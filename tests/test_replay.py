@@ -8,13 +8,12 @@ import math
 import uuid
 
 import pytest
+from test_train_resume import publish_groups
 
 from analysis.replay import VARIANTS, replay, with_overrides
 from pipeline.ledger import LedgerWriter
 from trainer.config import TrainConfig
 from trainer.launch import launch
-
-from test_train_resume import publish_groups
 
 slow = pytest.mark.slow  # everything using the recorded run: a torchrun trainer on the real stack
 
@@ -99,7 +98,7 @@ def test_replay_cli_writes_the_side_by_side_report(recorded, tmp_path):
     import typer
     from typer.testing import CliRunner
 
-    from analysis.cli import register
+    from app.analysis_cli import register
 
     settings, run_id = recorded
     app = typer.Typer()

@@ -12,7 +12,6 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
-from faults import account, log_ids
 
 from pipeline.bus import EventConsumer, EventProducer
 from pipeline.ledger import LedgerWriter
@@ -22,8 +21,10 @@ from rollout.dispatcher import dispatch, task_stream
 from rollout.episode import EpisodeConfig
 from rollout.policy.scripted import OraclePolicy
 from rollout.pool import PoolConfig, RolloutPool
-from rollout.types import PolicyOutput
 from schemas import EpisodeFinished, EpisodeStarted, GroupCompleted, PolicyVersionPublished, StepRecorded
+from schemas.observation import PolicyOutput
+
+from faults import account, log_ids
 
 
 def run_pool(settings, suite, policy, groups: int, workers: int, group_size: int = 4, som: bool = False,
@@ -201,7 +202,7 @@ def test_rollout_cli_smoke(settings):
     import subprocess
     import sys
 
-    out = subprocess.run([sys.executable, "-m", "pipeline.cli", "rollout", "--suite", "miniwob", "--policy", "oracle",
+    out = subprocess.run([sys.executable, "-m", "app.cli", "rollout", "--suite", "miniwob", "--policy", "oracle",
                           "--workers", "2", "-g", "2", "--episodes", "4", "--som"],
                          env=stack_env(settings), capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
@@ -209,8 +210,8 @@ def test_rollout_cli_smoke(settings):
 
 
 def test_local_tiny_vlm_runs_whole_episodes_with_logprobs(settings, sites, tmp_path):
+    from model.tiny_vlm import ensure_tiny_vlm
     from rollout.policy.local import LocalPolicy
-    from rollout.policy.tiny_vlm import ensure_tiny_vlm
 
     policy = LocalPolicy(ensure_tiny_vlm(tmp_path / "tiny-vlm"), max_new_tokens=24, num_threads=1)
     easy = [t for t in sites.tasks("train") if t.difficulty == "easy"][:1]

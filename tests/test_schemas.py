@@ -2,7 +2,6 @@ import pyarrow as pa
 import pytest
 from pydantic import ValidationError
 
-from pipeline.samples import sample_group, sample_step
 from schemas import (
     EVENT_TYPES,
     Action,
@@ -18,6 +17,8 @@ from schemas import (
     events_to_table,
     table_to_events,
 )
+
+from samples import sample_group, sample_step
 
 SHA = "ab" * 32
 

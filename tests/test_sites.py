@@ -21,7 +21,7 @@ from rollout.suites.sites import SitesSuite
 from rollout.suites.sites.generate import TASKS_DIR, write_all
 from rollout.suites.sites.judge import judge_answer
 from rollout.suites.tasks_io import TaskFileError, load_tasks
-from rollout.types import HORIZONS, Observation, Task
+from schemas.observation import HORIZONS, Observation, Task
 
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync"]

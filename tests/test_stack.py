@@ -14,7 +14,7 @@ import pytest
 from pipeline.stack.local import LocalStack
 from pipeline.stack.process import ServiceProc, StackError, pid_alive, require_binary
 
-AWRL = [sys.executable, "-m", "pipeline.cli"]
+AWRL = [sys.executable, "-m", "app.cli"]
 
 
 def our_processes(data_dir: Path) -> list[int]:

@@ -9,8 +9,9 @@ from minio import Minio
 from minio.error import S3Error
 
 from pipeline.hashing import sha256_hex
-from pipeline.samples import render_page
 from pipeline.store import MAX_SCREENSHOT_BYTES, ScreenshotCorrupted, ScreenshotStore, ScreenshotTooLarge
+
+from samples import render_page
 
 
 @pytest.fixture(scope="module")

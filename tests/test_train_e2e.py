@@ -20,6 +20,7 @@ from rollout.run import RolloutRequest, run_rollout
 from schemas import GroupDropped, PolicyVersionPublished, StepRecorded, UpdateApplied
 from trainer.config import TrainConfig
 from trainer.launch import launch
+from trainer.staleness import StalenessBudget
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
@@ -28,10 +29,11 @@ def _train_beside_a_live_rollout(settings, config: TrainConfig, eta: int | None,
                                  noise: float = 0.5):
     """Run the demo-policy pool (noisy oracle: groups with mixed rewards) while the trainer trains."""
     request = RolloutRequest(suite="sites", policy="demo", noise=noise, workers=2, group_size=2, episodes=None,
-                             difficulty="easy", run_id=config.run_id, seed=3, episode=EpisodeConfig(som=True),
-                             eta=eta, groups_per_update=config.groups_per_update)
+                             difficulty="easy", run_id=config.run_id, seed=3, episode=EpisodeConfig(som=True))
+    budget = None if eta is None else StalenessBudget(eta, config.groups_per_update)
     stop, result = threading.Event(), {}
-    pool = threading.Thread(target=lambda: result.update(stats=run_rollout(settings, request, False, stop)))
+    pool = threading.Thread(target=lambda: result.update(
+        stats=run_rollout(settings, request, False, stop, admission=budget)))
     pool.start()
     try:
         code = launch(config, nproc=nproc, env={**os.environ, **settings.environ()})

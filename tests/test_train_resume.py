@@ -15,20 +15,20 @@ import uuid
 from collections import Counter
 from pathlib import Path
 
-from faults import account, log_ids
-
+from model.prompt import render_prompt
 from pipeline.bus import EventProducer, read_log
 from pipeline.hashing import sha256_hex
 from pipeline.ledger import LedgerWriter
-from pipeline.samples import render_page, sample_step
 from pipeline.store import ScreenshotStore
 from pipeline.topics import TRAINER
 from rollout.policy.local import LocalPolicy
-from rollout.policy.prompt import render_prompt
-from rollout.types import Mark, Observation
 from schemas import GroupCompleted, PolicyVersionPublished, UpdateApplied
+from schemas.observation import Mark, Observation
 from trainer.config import TrainConfig
 from trainer.launch import torchrun_command
+
+from faults import account, log_ids
+from samples import render_page, sample_step
 
 
 @functools.cache
@@ -78,7 +78,7 @@ def test_awrl_train_cli_trains_and_resumes(settings):
     env = {**os.environ, **settings.environ()}
 
     def train(max_updates: int) -> None:
-        cmd = [sys.executable, "-m", "pipeline.cli", "train", "--run-id", run_id, "--groups-per-update", "1",
+        cmd = [sys.executable, "-m", "app.cli", "train", "--run-id", run_id, "--groups-per-update", "1",
                "--max-updates", str(max_updates), "--batch-timeout", "20"]
         out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
         assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]

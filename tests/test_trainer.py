@@ -13,15 +13,17 @@ from pathlib import Path
 import pytest
 import torch
 
+from model.inputs import build_inputs, suppressed_token_ids
+from model.prompt import render_prompt
 from pipeline.hashing import sha256_hex
-from pipeline.samples import render_page, sample_group, sample_step
-from rollout.policy.local import LocalPolicy, build_inputs, suppressed_token_ids
-from rollout.policy.prompt import render_prompt
-from rollout.types import Mark, Observation
+from rollout.policy.local import LocalPolicy
 from schemas import GroupCompleted
+from schemas.observation import Mark, Observation
 from trainer.batch import GroupAssembler, TrainGroup
 from trainer.config import TrainConfig
 from trainer.update import Scorer, accumulate_gradients, flatten, proximal_logprobs, shard, update_stats
+
+from samples import render_page, sample_group, sample_step
 
 SHA = "ab" * 32
 
@@ -180,7 +182,7 @@ def test_shuffled_rewards_are_a_seeded_permutation_of_the_group_rewards():
 
 
 def test_rl_evaluation_points_are_evenly_spaced_versions_ending_with_the_last():
-    from pipeline.learning import _spaced
+    from app.learning import _spaced
 
     assert _spaced(list(range(18)), 3) == [6, 12, 17]
     assert _spaced([0, 1, 2, 3], 3) == [1, 2, 3]

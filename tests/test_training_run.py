@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from analysis.ledger import connect
-from pipeline.training import RunConfig, run_training
+from app.training import RunConfig, run_training
 from trainer.config import TrainConfig
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]

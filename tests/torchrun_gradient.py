@@ -9,8 +9,8 @@ import sys
 import torch
 import torch.distributed as dist
 
-from rollout.policy.local import suppressed_token_ids
-from rollout.policy.tiny_vlm import ensure_tiny_vlm, load_tiny_vlm
+from model.inputs import suppressed_token_ids
+from model.tiny_vlm import ensure_tiny_vlm, load_tiny_vlm
 from trainer.config import TrainConfig
 from trainer.train import _all_reduce_gradients
 from trainer.update import Scorer, accumulate_gradients, flatten, shard

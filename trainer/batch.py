@@ -22,12 +22,12 @@ from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from pipeline.advantages import group_advantages, informative
 from pipeline.bus import Delivered, EventConsumer, EventProducer
 from pipeline.settings import StackSettings
 from pipeline.store import ScreenshotCorrupted, ScreenshotMissing, ScreenshotStore
 from pipeline.topics import ROLLOUT
 from schemas import GroupCompleted, GroupDropped, StepRecorded
+from trainer.advantages import group_advantages, informative
 from trainer.config import TrainConfig
 from trainer.staleness import admissible
 
@@ -42,7 +42,7 @@ class TrainGroup:
     trajectories: list[list[StepRecorded]]
     """Steps of each trajectory, in `completed.trajectory_ids` order, each sorted by step."""
     advantages: list[float]
-    """A_i per trajectory (`pipeline.advantages.group_advantages`, as the Dagster asset)."""
+    """A_i per trajectory (`trainer.advantages.group_advantages`, as the Dagster asset)."""
     first_offsets: dict[Partition, int]
     """Earliest log position of any of the group's events, per partition (holds back commits)."""
 

@@ -18,11 +18,11 @@ from pathlib import Path
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
+from model.inputs import suppressed_token_ids
+from model.tiny_vlm import ensure_tiny_vlm, load_tiny_vlm, save_tiny_vlm
 from pipeline.ledger import read_events
 from pipeline.settings import StackSettings
 from pipeline.store import ScreenshotStore
-from rollout.policy.local import suppressed_token_ids
-from rollout.policy.tiny_vlm import ensure_tiny_vlm, load_tiny_vlm, save_tiny_vlm
 from trainer.update import Scorer, StepSample, score
 
 

@@ -30,14 +30,14 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from model.inputs import suppressed_token_ids
+from model.tiny_vlm import ensure_tiny_vlm, load_tiny_vlm, save_tiny_vlm
 from pipeline.bus import EventProducer, create_topics, read_log
 from pipeline.checkpoints import CheckpointStore
 from pipeline.hashing import weights_sha256
 from pipeline.settings import StackSettings
 from pipeline.store import ScreenshotStore, patiently
 from pipeline.topics import TRAINER
-from rollout.policy.local import suppressed_token_ids
-from rollout.policy.tiny_vlm import ensure_tiny_vlm, load_tiny_vlm, save_tiny_vlm
 from schemas import GroupDropped, PolicyVersionPublished, UpdateApplied
 from trainer.batch import BatchBuilder
 from trainer.config import TrainConfig

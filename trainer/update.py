@@ -2,7 +2,7 @@
 
 A batch of groups is flattened into `StepSample`s (one model call each: a recorded prompt plus its
 response). Model inputs are rebuilt from the recorded prompt token ids and screenshot hashes, exactly
-as the sampler saw them (`rollout.policy.local.inputs_from_ids`), so at an unchanged version the
+as the sampler saw them (`model.inputs.inputs_from_ids`), so at an unchanged version the
 trainer's log-probs equal the sampler's to float rounding. Each rank scores its shard and calls
 backward per sample (gradient accumulation: the loss is a sum over tokens), so memory holds one
 sample's graph at a time.
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from rollout.policy.local import forward_log_softmax, inputs_from_ids
+from model.inputs import forward_log_softmax, inputs_from_ids
 from trainer.batch import TrainGroup
 from trainer.config import TrainConfig
 from trainer.losses import decoupled_ppo_objective, grpo_loss, raft_advantages, token_weights

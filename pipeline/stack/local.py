@@ -16,10 +16,12 @@ from pathlib import Path
 
 import tenacity
 
+from pipeline.bus import create_topics
 from pipeline.settings import StackSettings
 from pipeline.stack.ceph import S3Credentials, s3_healthy, start_ceph_s3
 from pipeline.stack.process import ServiceProc, StackError, pid_alive, port_open, respawn, stop, wait_until
 from pipeline.stack.tansu import start_tansu
+from pipeline.store import ScreenshotStore
 
 STATE_FILE = "stack.json"
 ENV_FILE = "stack.env"
@@ -62,9 +64,6 @@ class LocalStack:
         return stack
 
     def _bootstrap(self) -> None:
-        from pipeline.bus import create_topics
-        from pipeline.store import ScreenshotStore
-
         settings = self.settings()
         create_topics(settings)
         ScreenshotStore.from_settings(settings).ensure_bucket()

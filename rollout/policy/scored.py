@@ -14,9 +14,11 @@ from __future__ import annotations
 import asyncio
 import random
 
-from rollout.policy.local import LocalPolicy, build_inputs, stop_token_ids
-from rollout.policy.prompt import render_prompt
-from rollout.types import Observation, Policy, PolicyOutput
+from model.inputs import build_inputs, stop_token_ids
+from model.prompt import render_prompt
+from rollout.policy.local import LocalPolicy
+from rollout.types import Policy
+from schemas.observation import Observation, PolicyOutput
 
 
 class ScoredPolicy:

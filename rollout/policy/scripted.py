@@ -12,7 +12,8 @@ import json
 import random
 from urllib.parse import urljoin
 
-from rollout.types import Mark, Observation, PolicyOutput, Suite
+from rollout.types import Suite
+from schemas.observation import Mark, Observation, PolicyOutput
 
 
 class OraclePolicy:

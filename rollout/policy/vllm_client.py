@@ -14,7 +14,7 @@ runs against a real server when AWRL_VLLM_URL is set):
 - `logprobs: true`: one log-prob per generated token. vLLM's default `--logprobs-mode raw_logprobs`
   reports the model's unscaled distribution; serve with `--logprobs-mode processed_logprobs` to
   get the distribution actually sampled from (temperature and the logit bias below applied), which
-  is what `local.policy_log_softmax` computes for the trainer.
+  is what `model.inputs.policy_log_softmax` computes for the trainer.
 - `logit_bias` of -100 on the vision/special tokens, mirroring the local backend's suppression.
 
 Weight refresh (`refresh(version, checkpoint_uri)`), by default over vLLM's own dev-mode routes,
@@ -70,9 +70,8 @@ import urllib.parse
 import urllib.request
 from collections.abc import Callable
 
-from rollout.policy.prompt import PromptConfig, build_messages
-from rollout.types import Observation, PolicyOutput
-
+from model.prompt import PromptConfig, build_messages
+from schemas.observation import Observation, PolicyOutput
 
 CACHE_RESET_PATHS = ("/reset_prefix_cache?reset_running_requests=true", "/reset_encoder_cache")
 """Sent after every reload, in order (vllm/entrypoints/serve/dev/cache/api_router.py)."""

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from rollout.types import Task
+from schemas.observation import Task
 
 
 class TaskFileError(ValueError):

@@ -37,8 +37,9 @@ from PIL import Image, ImageDraw
 
 from rollout.execute import Executed
 from rollout.som import draw_marks
-from rollout.types import Mark, Observation, Task, Verdict
+from rollout.types import Verdict
 from schemas import Action
+from schemas.observation import Mark, Observation, Task
 
 PALETTE = {"red": (220, 30, 30), "blue": (30, 60, 220), "green": (30, 160, 60), "black": (10, 10, 10)}
 COLOURS = list(PALETTE)

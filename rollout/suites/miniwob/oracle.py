@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Sequence
 
-from rollout.types import Mark
+from schemas.observation import Mark
 
 INPUT_ROLES = frozenset({"input", "textbox", "text", "searchbox", "password", "textarea"})
 STOP: dict = {"op": "stop"}

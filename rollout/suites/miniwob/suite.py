@@ -25,7 +25,8 @@ from playwright.async_api import Error as PlaywrightError
 from rollout.suites.miniwob.oracle import oracle_plan_step
 from rollout.suites.tasks_io import TaskFileError
 from rollout.suites.tasks_io import load_tasks as _load_tasks
-from rollout.types import Observation, Task, Verdict
+from rollout.types import Verdict
+from schemas.observation import Observation, Task
 
 HTML_DIR = Path(miniwob.__file__).parent / "html"
 TASKS_FILE = Path(__file__).with_name("tasks.jsonl")

@@ -15,7 +15,7 @@ from collections import Counter
 from pathlib import Path
 
 from rollout.suites.sites.task_templates import TEMPLATES, Template
-from rollout.types import Task
+from schemas.observation import Task
 
 TASKS_DIR = Path(__file__).with_name("tasks")
 PER_TEMPLATE = {"train": 14, "heldout": 6}

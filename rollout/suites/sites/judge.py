@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import re
 
-from rollout.types import Task, Verdict
+from rollout.types import Verdict
+from schemas.observation import Task
 
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 

@@ -13,7 +13,8 @@ from pathlib import Path
 from rollout.suites.sites.judge import judge_task
 from rollout.suites.sites.server import SitesServer
 from rollout.suites.tasks_io import load_tasks
-from rollout.types import Observation, Task, Verdict
+from rollout.types import Verdict
+from schemas.observation import Observation, Task
 
 TASKS_DIR = Path(__file__).with_name("tasks")
 SPLITS = ("train", "heldout")

@@ -36,6 +36,7 @@ from rollout.run import RolloutRequest, run_rollout
 from schemas import GroupDropped, PolicyVersionPublished, UpdateApplied
 from trainer import launch
 from trainer.config import TrainConfig
+from trainer.staleness import StalenessBudget
 
 
 @dataclass(frozen=True)
@@ -146,7 +147,7 @@ def run_training(settings: StackSettings, config: RunConfig, on_progress=None) -
                                daemon=True)
     watcher.start()
     with open(logs / "trainer.log", "w") as tlog, open(logs / "ledger.log", "w") as llog:
-        ledger = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "ledger", "sync", "--follow"], env=env,
+        ledger = subprocess.Popen([sys.executable, "-m", "app.cli", "ledger", "sync", "--follow"], env=env,
                                   stdout=llog, stderr=subprocess.STDOUT, start_new_session=True)
         trainer = launch.start(train, config.nproc, env, log=tlog)
         progress.started = time.monotonic()
@@ -180,7 +181,7 @@ def _cpu_seconds(pid: int) -> float | None:
         return None
 
 
-def _request(config: RunConfig, run_id: str, episodes: int | None, eta: int | None, min_version: int = 0,
+def _request(config: RunConfig, run_id: str, episodes: int | None, min_version: int = 0,
              seed: int = 0) -> RolloutRequest:
     train = config.train or TrainConfig(run_id=run_id)
     # The pool samples at the temperature the trainer scores at: the behaviour distribution is one.
@@ -188,7 +189,7 @@ def _request(config: RunConfig, run_id: str, episodes: int | None, eta: int | No
                           group_size=config.group_size, episodes=episodes, difficulty=config.difficulty,
                           templates=config.templates, run_id=run_id, model_dir=config.model_dir,
                           episode=EpisodeConfig(som=config.som),
-                          eta=eta, groups_per_update=train.groups_per_update, temperature=train.temperature,
+                          temperature=train.temperature,
                           min_version=min_version, seed=seed, everlasting=config.everlasting,
                           curriculum=config.curriculum, curriculum_from=config.curriculum_from)
 
@@ -210,7 +211,8 @@ def _run_async(settings, config: RunConfig, run_id: str, progress: RunProgress, 
     timer = threading.Timer(max(0.0, deadline - time.monotonic()), stop.set)
     timer.start()
     try:
-        run_rollout(settings, _request(config, run_id, None, config.eta), False, stop, _count(progress))
+        budget = StalenessBudget(config.eta, (config.train or TrainConfig(run_id=run_id)).groups_per_update)
+        run_rollout(settings, _request(config, run_id, None), False, stop, _count(progress), admission=budget)
     finally:
         timer.cancel()
 
@@ -227,7 +229,7 @@ def _run_sync(settings, config: RunConfig, run_id: str, progress: RunProgress, d
             timer = threading.Timer(max(0.0, deadline - time.monotonic()), stop.set)
             timer.start()
             # a fresh pool each round: browsers built and torn down (a new task order too: seed)
-            request = _request(config, run_id, needed * config.group_size, None, version, seed=dispatched)
+            request = _request(config, run_id, needed * config.group_size, version, seed=dispatched)
             run_rollout(settings, request, False, stop, _count(progress))
             timer.cancel()
             dispatched += needed

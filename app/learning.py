@@ -20,17 +20,21 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from safetensors.torch import load_file
+
+from analysis import connect
+from analysis.curves import learning_curve_png, success_by_version, version_curve_png
+from app.training import RunConfig, RunSummary, run_training
+from model.tiny_vlm import HOME, ensure_tiny_vlm
 from pipeline.bus import EventProducer
 from pipeline.checkpoints import CheckpointStore
 from pipeline.hashing import weights_sha256
 from pipeline.ledger import LedgerWriter, read_events
 from pipeline.settings import StackSettings
-from pipeline.training import RunConfig, RunSummary, run_training
 from rollout.curriculum import CurriculumConfig
 from rollout.episode import EpisodeConfig
 from rollout.evaluate import EvalResult, evaluate
-from rollout.policy.tiny_vlm import HOME, ensure_tiny_vlm
-from rollout.run import RolloutRequest, run_rollout
+from rollout.run import RolloutRequest, make_suite, run_rollout
 from schemas import EvaluationCompleted
 from trainer.config import TrainConfig
 from trainer.sft import SFTConfig, SFTResult, train_sft
@@ -130,8 +134,6 @@ def train_templates(config: LearningConfig) -> tuple[str, ...] | None:
         return config.templates
     if eval_split(config) != "test":
         return None
-    from rollout.run import make_suite
-
     return tuple(sorted({t.template for t in make_suite(config.suite).tasks("test")}))
 
 
@@ -186,9 +188,6 @@ def run_learning(settings: StackSettings, config: LearningConfig,
     LedgerWriter(settings).sync(idle_exit_s=3.0)  # the curve's events too
     curve.seconds = time.monotonic() - start
     (out / "curve.json").write_text(json.dumps(_jsonable(curve), indent=2))
-    from analysis import connect
-    from analysis.curves import learning_curve_png, success_by_version, version_curve_png
-
     title = f"{run_id}: {config.suite} {config.difficulty or ''} {eval_split(config)}, T={config.temperature:g}"
     learning_curve_png(curve.points, out / "curve.png", title=title)
     # success on the training tasks per policy version (from the ledger) with the held-out points on top
@@ -261,8 +260,6 @@ def _spaced(versions: list[int], n: int) -> list[int]:
 
 
 def _weights_sha256(model_dir: Path) -> str:
-    from safetensors.torch import load_file
-
     return weights_sha256(load_file(Path(model_dir) / "model.safetensors"))
 
 

@@ -4,7 +4,7 @@ Stack up -> the untrained tiny VLM's held-out success -> oracle demonstrations i
 SFT warm start -> async RL (everlasting pool, bounded staleness, torchrun trainer publishing versions)
 -> held-out success after each stage -> everything folded into the Parquet ledger -> the RL run's drift
 metrics from DuckDB -> every Dagster asset materialized for the run. The learning stages are
-`pipeline.learning`; this module adds the ledger, drift and Dagster end and the summary.
+`app.learning`; this module adds the ledger, drift and Dagster end and the summary.
 """
 
 from __future__ import annotations
@@ -12,7 +12,11 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from pipeline.learning import LearningConfig, LearningCurve, run_learning
+from dagster import DagsterInstance, materialize
+
+from analysis import connect, drift_metrics
+from app.learning import LearningConfig, LearningCurve, run_learning
+from assets import all_assets, defs
 from pipeline.settings import StackSettings
 
 
@@ -40,8 +44,6 @@ class DemoSummary:
 
 
 def run_demo(settings: StackSettings, config: LearningConfig, say=print) -> DemoSummary:
-    from analysis import connect, drift_metrics
-
     start = time.perf_counter()
     curve = run_learning(settings, config, say)
     con = connect(settings)
@@ -74,9 +76,6 @@ def _materialize(run_id: str) -> int:
     """Materialize every asset for this run in-process, as `dagster dev` does on the sensor's request.
 
     The assets read the stack through `StackSettings()` (environment / `.env`), like `dagster dev`."""
-    from dagster import DagsterInstance, materialize
-
-    from assets import all_assets, defs
 
     instance = DagsterInstance.ephemeral()
     instance.add_dynamic_partitions("runs", [run_id])

@@ -31,9 +31,14 @@ import torch
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen3VLConfig, Qwen3VLForConditionalGeneration
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+from transformers.utils import logging as hf_logging
 
-from rollout.policy.prompt import CHAT_TEMPLATE, render_prompt
-from rollout.types import Mark, Observation, PastStep
+from model.prompt import CHAT_TEMPLATE, render_prompt
+from schemas.observation import Mark, Observation, PastStep
+
+# A pool loads every published version in place, dozens a run: a "Loading weights" bar each time is
+# noise in every log. Our checkpoints are megabytes; loading is not worth a progress bar.
+hf_logging.disable_progress_bar()
 
 SPECIAL_TOKENS = [
     "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>",
@@ -63,7 +68,7 @@ VISION_CONFIG = dict(
 IMAGE_PIXELS = (32 * 32, 448 * 256)
 """(min, max) pixels after resizing; sides are multiples of patch * merge = 32."""
 
-HOME = Path(os.environ.get("AWRL_HOME", Path(__file__).resolve().parents[2] / ".awrl"))
+HOME = Path(os.environ.get("AWRL_HOME", Path(__file__).resolve().parents[1] / ".awrl"))
 DEFAULT_MODEL_DIR = HOME / "models" / "tiny-vlm"
 
 WORDS = """
@@ -306,7 +311,7 @@ def _synthetic_response(rng: random.Random) -> str:
     return json.dumps({"thought": _phrase(rng, 3, 12), "memory": memory, "action": action})
 
 
-if __name__ == "__main__":  # python -m rollout.policy.tiny_vlm [DIR]: build the default model directory
+if __name__ == "__main__":  # python -m model.tiny_vlm [DIR]: build the default model directory
     import sys
 
     t0 = time.perf_counter()

@@ -1,4 +1,9 @@
-"""`awrl`: one command, a verb per job. Each verb imports its machinery lazily so `--help` is instant."""
+"""`awrl`: one command, a verb per job.
+
+Each verb imports its machinery (torch, Playwright, Dagster, the stack) inside its function: the one
+stated reason for imports inside functions here and in `app.analysis_cli`, so that `awrl --help` and
+a mistyped option answer at once instead of after seconds of loading.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +14,8 @@ from pathlib import Path
 import typer
 from rich.console import Console
 from rich.table import Table
+
+from app.analysis_cli import register as register_analysis
 
 app = typer.Typer(help="AsyncWebRL: event-sourced asynchronous multi-step RL for visual web agents.",
                   no_args_is_help=True, pretty_exceptions_enable=False)
@@ -102,8 +109,8 @@ def demo(
 ) -> None:
     """The main job on the local stack: demonstrations -> SFT -> async RL -> ledger -> drift -> Dagster,
     with held-out success before and after."""
-    from pipeline.demo import run_demo
-    from pipeline.learning import LearningConfig
+    from app.demo import run_demo
+    from app.learning import LearningConfig
     from pipeline.stack.local import LocalStack
 
     already = LocalStack.load(data_dir)
@@ -133,13 +140,7 @@ def demo(
         _fail("the run did not reach the ledger")
 
 
-def _register_analysis() -> None:
-    from analysis.cli import register
-
-    register(app)
-
-
-_register_analysis()
+register_analysis(app)
 
 ledger_app = typer.Typer(help="The Parquet ledger: every event of every run, exactly once.", no_args_is_help=True)
 app.add_typer(ledger_app, name="ledger")
@@ -193,14 +194,15 @@ def rollout(
     from pipeline.settings import StackSettings
     from rollout.episode import EpisodeConfig
     from rollout.run import RolloutRequest, run_rollout
+    from trainer.staleness import StalenessBudget
 
     req = RolloutRequest(suite=suite, policy=policy, workers=workers, group_size=group_size,
                          episodes=None if forever else episodes, dispatch=dispatch, split=split,
                          difficulty=difficulty,
                          run_id=run_id, seed=seed, model_dir=model_dir, vllm_url=vllm_url,
-                         episode=EpisodeConfig(som=som), eta=eta, groups_per_update=groups_per_update,
-                         noise=noise, journal_dir=journal)
-    stats = run_rollout(StackSettings(), req)
+                         episode=EpisodeConfig(som=som), noise=noise, journal_dir=journal)
+    budget = None if eta is None else StalenessBudget(eta, groups_per_update)
+    stats = run_rollout(StackSettings(), req, admission=budget)
     console.print(f"episodes {stats.episodes}  success {stats.successes / max(stats.episodes, 1):.3f}  "
                   f"env_errors {stats.env_errors}  steps {stats.steps}  steps/s {stats.steps_per_s:.2f}")
 
@@ -303,8 +305,8 @@ def training_run(
     """A training run: stack (started if needed), rollout pool, ledger writer and trainer, live progress."""
     from rich.live import Live
 
+    from app.training import RunConfig, run_training
     from pipeline.stack.local import LocalStack
-    from pipeline.training import RunConfig, run_training
     from rollout.curriculum import CurriculumConfig
     from trainer.config import TrainConfig
 

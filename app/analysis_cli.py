@@ -5,6 +5,7 @@ Every verb opens the ledger named by `StackSettings().ledger_uri` (or `--ledger`
 refuses any statement that is not a query, by DuckDB's own parser rather than by keyword matching
 (so `WITH ... INSERT` or a second statement after `;` cannot slip through). Values given with
 `--param name=value` are bound as DuckDB named parameters (`$name`), never pasted into the SQL text.
+Like `app.cli`, each verb imports its machinery inside its function, so that `--help` is instant.
 """
 
 from __future__ import annotations
@@ -244,7 +245,8 @@ def rebatch(
     """Counterfactual re-batching: which completed groups (trained or dropped) another rule would admit."""
     from dataclasses import asdict
 
-    from analysis.rebatch import Admission, rebatch as judge
+    from analysis.rebatch import Admission
+    from analysis.rebatch import rebatch as judge
 
     if rule not in ("dynamic", "none", "raft"):
         console.print(f"[bold red]error:[/] --filter must be dynamic, none or raft, not {rule!r}")
@@ -283,7 +285,8 @@ def replay(
     """Re-run recorded updates offline from the ledger (bit-exact), optionally through a loss variant."""
     from rich.progress import Progress
 
-    from analysis.replay import VARIANTS, replay as run, write_report
+    from analysis.replay import VARIANTS, write_report
+    from analysis.replay import replay as run
 
     if variant and variant not in VARIANTS:
         console.print(f"[bold red]error:[/] unknown variant {variant!r}; known: {', '.join(VARIANTS)}")
