@@ -21,6 +21,7 @@ a type with no file yet is an empty view with the right columns, so every query 
 from __future__ import annotations
 
 import os
+import re
 from collections import defaultdict
 from functools import cache
 from pathlib import Path
@@ -32,33 +33,12 @@ import pyarrow.fs as pafs
 
 from pipeline.ledger import list_parquet
 from pipeline.settings import StackSettings
-from schemas import (
-    EpisodeFinished,
-    EpisodeStarted,
-    EvaluationCompleted,
-    Event,
-    GroupCompleted,
-    GroupDropped,
-    PolicyVersionPublished,
-    StepRecorded,
-    TaskGroupDispatched,
-    UpdateApplied,
-    arrow_schema,
-)
+from schemas import EVENT_TYPES, Event, arrow_schema
 from trainer.advantages import group_advantages, informative
 
 SQL_DIR = Path(__file__).with_name("sql")
-RAW_VIEWS: dict[str, type[Event]] = {
-    "task_group_dispatched": TaskGroupDispatched,
-    "episode_started": EpisodeStarted,
-    "step_recorded": StepRecorded,
-    "episode_finished": EpisodeFinished,
-    "group_completed": GroupCompleted,
-    "update_applied": UpdateApplied,
-    "policy_version_published": PolicyVersionPublished,
-    "group_dropped": GroupDropped,
-    "evaluation_completed": EvaluationCompleted,
-}
+RAW_VIEWS: dict[str, type[Event]] = {re.sub(r"(?<!^)(?=[A-Z])", "_", cls.__name__).lower(): cls for cls in EVENT_TYPES}
+"""One raw view per event type, named in snake case (`StepRecorded` -> `step_recorded`)."""
 VIEWS: tuple[str, ...] = ("steps", "trajectories", "groups", "updates", "policy_versions", "dropped_groups",
                          "evaluations", "success_by_version")
 """Derived views, in creation order; each is `analysis/sql/<name>.sql`."""

@@ -10,18 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from schemas import (
-    EpisodeFinished,
-    EpisodeStarted,
-    EvaluationCompleted,
-    Event,
-    GroupCompleted,
-    GroupDropped,
-    PolicyVersionPublished,
-    StepRecorded,
-    TaskGroupDispatched,
-    UpdateApplied,
-)
+from schemas import EVENT_TYPES, Event
 
 
 @dataclass(frozen=True)
@@ -38,17 +27,7 @@ TRAINER = Topic("trainer", 1)
 DEAD_LETTER = Topic("dead-letter", 1)
 ALL_TOPICS = (TASKS, ROLLOUT, TRAINER, DEAD_LETTER)
 
-_ROUTES: dict[type[Event], Topic] = {
-    TaskGroupDispatched: TASKS,
-    EpisodeStarted: ROLLOUT,
-    StepRecorded: ROLLOUT,
-    EpisodeFinished: ROLLOUT,
-    GroupCompleted: ROLLOUT,
-    UpdateApplied: TRAINER,
-    PolicyVersionPublished: TRAINER,
-    GroupDropped: TRAINER,
-    EvaluationCompleted: TRAINER,
-}
+_ROUTES: dict[type[Event], Topic] = {cls: next(t for t in ALL_TOPICS if t.name == cls.topic) for cls in EVENT_TYPES}
 
 
 def topic_of(event: Event) -> Topic:

@@ -14,7 +14,7 @@ import sys
 import uuid
 from array import array
 from datetime import UTC, datetime
-from typing import Annotated, Literal
+from typing import Annotated, ClassVar, Literal, Union
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer, TypeAdapter, model_validator
 
@@ -87,12 +87,15 @@ class Event(Frozen):
     """Version of this vocabulary the event was written with."""
     emitted_at: datetime = Field(default_factory=_now)
     """UTC time the producer created the event."""
+    topic: ClassVar[str]
+    """Name of the topic that carries it (`pipeline.topics`): its order guarantees come from there."""
 
 
 class TaskGroupDispatched(Event):
     """The dispatcher asked the rollout pool for G episodes of one task (one GRPO group)."""
 
     event_type: Literal["TaskGroupDispatched"] = "TaskGroupDispatched"
+    topic: ClassVar[str] = "tasks"
     group_id: str
     task_id: str
     suite: str
@@ -106,6 +109,7 @@ class TaskGroupDispatched(Event):
 
 class EpisodeStarted(Event):
     event_type: Literal["EpisodeStarted"] = "EpisodeStarted"
+    topic: ClassVar[str] = "rollout"
     trajectory_id: str
     group_id: str
     task_id: str
@@ -129,6 +133,7 @@ class StepRecorded(Event):
     """One agent step. Pixels are referenced by sha256 in the screenshot store, never carried here."""
 
     event_type: Literal["StepRecorded"] = "StepRecorded"
+    topic: ClassVar[str] = "rollout"
     trajectory_id: str
     group_id: str
     task_id: str
@@ -170,6 +175,7 @@ class StepRecorded(Event):
 
 class EpisodeFinished(Event):
     event_type: Literal["EpisodeFinished"] = "EpisodeFinished"
+    topic: ClassVar[str] = "rollout"
     trajectory_id: str
     group_id: str
     task_id: str
@@ -186,6 +192,7 @@ class GroupCompleted(Event):
     """All G episodes of a task group ended; the group is ready for advantages and training."""
 
     event_type: Literal["GroupCompleted"] = "GroupCompleted"
+    topic: ClassVar[str] = "rollout"
     group_id: str
     task_id: str
     trajectory_ids: list[str]
@@ -208,6 +215,7 @@ class UpdateApplied(Event):
     """One optimizer step of the trainer, with the exact batch and what it did."""
 
     event_type: Literal["UpdateApplied"] = "UpdateApplied"
+    topic: ClassVar[str] = "trainer"
     update_step: int = Field(ge=0)
     version_before: int = Field(ge=0)
     version_after: int = Field(ge=0)
@@ -235,6 +243,7 @@ class PolicyVersionPublished(Event):
     """A checkpoint is in the object store; rollout workers refresh to it between steps."""
 
     event_type: Literal["PolicyVersionPublished"] = "PolicyVersionPublished"
+    topic: ClassVar[str] = "trainer"
     version: int = Field(ge=0)
     checkpoint_uri: str
     checkpoint_sha256: Sha256
@@ -252,6 +261,7 @@ class GroupDropped(Event):
     """The trainer consumed a group without training on it; dropped groups are counted, never silent."""
 
     event_type: Literal["GroupDropped"] = "GroupDropped"
+    topic: ClassVar[str] = "trainer"
     group_id: str
     task_id: str
     reason: Literal["stale", "uninformative", "no_tokens", "screenshot_corrupted", "screenshot_missing"]
@@ -270,6 +280,7 @@ class EvaluationCompleted(Event):
     curve). `run_id` is the run being evaluated; the episodes themselves are the events of `eval_run_id`."""
 
     event_type: Literal["EvaluationCompleted"] = "EvaluationCompleted"
+    topic: ClassVar[str] = "trainer"
     stage: str
     """What was evaluated, e.g. `untrained`, `sft`, `rl`."""
     eval_run_id: RunId
@@ -299,18 +310,7 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     GroupDropped,
     EvaluationCompleted,
 )
-AnyEvent = Annotated[
-    TaskGroupDispatched
-    | EpisodeStarted
-    | StepRecorded
-    | EpisodeFinished
-    | GroupCompleted
-    | UpdateApplied
-    | PolicyVersionPublished
-    | GroupDropped
-    | EvaluationCompleted,
-    Field(discriminator="event_type"),
-]
+AnyEvent = Annotated[Union[EVENT_TYPES], Field(discriminator="event_type")]  # noqa: UP007 (a tuple of classes)
 EVENT_ADAPTER: TypeAdapter[Event] = TypeAdapter(AnyEvent)
 BY_NAME: dict[str, type[Event]] = {cls.__name__: cls for cls in EVENT_TYPES}
 
