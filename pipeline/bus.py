@@ -306,16 +306,17 @@ def read_log(settings: StackSettings, topic: Topic, timeout_s: float = 30.0) -> 
     return [e for r in read_records(settings, topic, timeout_s) if isinstance(e := _rejection(topic, r.value), Event)]
 
 
-def follow(settings: StackSettings, topic: Topic, run_id: str, on_event, stop, producer: EventProducer,
+def follow(settings: StackSettings, topic: Topic, run_id: str | None, on_event, stop, producer: EventProducer,
            client_id: str = "follower") -> None:
-    """Call `on_event` for each of the run's events on `topic`, from the start of the log, until `stop`
-    (a `threading.Event`) is set. A private consumer group: it sees everything and commits nothing."""
-    consumer = EventConsumer(settings, f"{client_id}-{run_id}-{uuid.uuid4().hex[:8]}", [topic], producer,
+    """Call `on_event` for each of the run's events on `topic` (every run's when `run_id` is None), from
+    the start of the log, until `stop` (a `threading.Event`) is set. A private consumer group: it sees
+    everything and commits nothing."""
+    consumer = EventConsumer(settings, f"{client_id}-{run_id or 'all'}-{uuid.uuid4().hex[:8]}", [topic], producer,
                              client_id=client_id)
     try:
         while not stop.is_set():
             for d in consumer.poll(timeout_ms=300):
-                if d.event.run_id == run_id:
+                if run_id in (None, d.event.run_id):
                     on_event(d.event)
     finally:
         consumer.close()

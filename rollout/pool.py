@@ -19,7 +19,7 @@ from pathlib import Path
 
 from playwright.async_api import async_playwright
 
-from pipeline.bus import EventConsumer, EventProducer
+from pipeline.bus import EventConsumer, EventProducer, follow
 from pipeline.hashing import sha256_hex
 from pipeline.settings import StackSettings
 from pipeline.store import ScreenshotStore
@@ -315,18 +315,13 @@ class RolloutPool:
 
     def _watch_versions(self) -> None:
         """Follow `PolicyVersionPublished` from the start of the log, keeping the newest."""
-        consumer = EventConsumer(self.settings, f"rollout-versions-{uuid.uuid4().hex[:8]}", [TRAINER],
-                                 self.producer, client_id="rollout-versions")
-        try:
-            while not self._stop.is_set():
-                for d in consumer.poll(timeout_ms=500):
-                    e = d.event
-                    if self.config.run_id not in (None, e.run_id):
-                        continue
-                    if isinstance(e, PolicyVersionPublished) and (self._latest is None or e.version > self._latest.version):
-                        self._latest = e
-        finally:
-            consumer.close()
+
+        def on_event(e) -> None:
+            if isinstance(e, PolicyVersionPublished) and (self._latest is None or e.version > self._latest.version):
+                self._latest = e
+
+        follow(self.settings, TRAINER, self.config.run_id, on_event, self._stop, self.producer,
+               client_id="rollout-versions")
 
 
 async def _cancel_all(tasks: list[asyncio.Task]) -> None:
