@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-import uuid
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
