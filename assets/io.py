@@ -9,8 +9,6 @@ at definition time and rejects them as strings.
 """
 
 import io
-import os
-import uuid
 
 import dagster as dg
 import duckdb
@@ -18,6 +16,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from pipeline.files import write_atomic
 from pipeline.ledger import ledger_filesystem, read_events
 from pipeline.settings import StackSettings
 from pipeline.store import minio_client
@@ -82,11 +81,7 @@ class ParquetIOManager(dg.ConfigurableIOManager):
         data, path = buf.getvalue(), self._path(context)
         fs, _ = self.ledger.filesystem()
         if isinstance(fs, pafs.LocalFileSystem):
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            tmp = f"{path}.{uuid.uuid4().hex[:8]}.tmp"
-            with open(tmp, "wb") as f:
-                f.write(data)
-            os.replace(tmp, path)
+            write_atomic(path, data)
         else:  # one PUT with a length: pyarrow's multipart writer gets HTTP 411 from radosgw
             bucket, key = path.split("/", 1)
             minio_client(self.ledger.settings()).put_object(bucket, key, io.BytesIO(data), len(data))

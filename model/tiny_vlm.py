@@ -34,6 +34,7 @@ from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLIm
 from transformers.utils import logging as hf_logging
 
 from model.prompt import CHAT_TEMPLATE, render_prompt
+from pipeline.files import write_atomic
 from schemas.observation import Mark, Observation, PastStep
 
 # A pool loads every published version in place, dozens a run: a "Loading weights" bar each time is
@@ -191,10 +192,7 @@ def train_tokenizer(vocab_size: int = VOCAB_SIZE, cache_dir: Path | None = None)
         tok = Tokenizer.from_file(str(cache))
     else:
         tok = _train_bpe(corpus, vocab_size)
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cache.with_suffix(f".{os.getpid()}.tmp")
-        tok.save(str(tmp))
-        os.replace(tmp, cache)
+        write_atomic(cache, tok.to_str())
     return wrap_tokenizer(tok)
 
 

@@ -25,6 +25,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from pipeline.bus import EventConsumer, EventProducer
+from pipeline.files import TMP_SUFFIX, write_atomic
 from pipeline.settings import StackSettings
 from pipeline.store import STORE_PATIENCE_S, minio_client, patiently
 from pipeline.topics import ROLLOUT, TASKS, TRAINER
@@ -86,7 +87,7 @@ def list_parquet(fs: pafs.FileSystem, root: str) -> list[str]:
 def read_events(settings: StackSettings, run_id: str, event_type: str, columns: list[str] | None = None) -> pa.Table:
     """All ledger events of one type in one run; an empty table (same schema) when there are none yet.
 
-    Files are listed explicitly rather than read as a directory, so a `.parquet.tmp` being written by
+    Files are listed explicitly rather than read as a directory, so a temporary (`*.tmp`) being written by
     the writer at this moment is never read half-finished.
     """
     fs, root = ledger_filesystem(settings)
@@ -109,7 +110,7 @@ class LedgerWriter:
         if isinstance(self.fs, pafs.LocalFileSystem):  # leftovers of a write cut short by a crash
             for dirpath, _, files in os.walk(self.root):
                 for name in files:
-                    if name.endswith(".parquet.tmp"):
+                    if name.endswith(TMP_SUFFIX) and ".parquet." in name:
                         os.unlink(os.path.join(dirpath, name))
         ids: set[str] = set()
         for path in list_parquet(self.fs, self.root):
@@ -193,7 +194,7 @@ class LedgerWriter:
         directory = f"{self.root}/run_id={run_id}/event_type={event_type}"
         path = f"{directory}/part-{stamp}-{uuid.uuid4().hex[:8]}.parquet"
         if isinstance(self.fs, pafs.LocalFileSystem):
-            _write_local_atomic(directory, path, data)
+            write_atomic(path, data)
         else:
             # One PUT with a length: the object appears whole or not at all. (pyarrow's multipart
             # writer sends parts without Content-Length, which radosgw refuses with HTTP 411.)
@@ -204,18 +205,3 @@ class LedgerWriter:
         self.stats.written += len(events)
         self.stats.files += 1
         self.stats.bytes += len(data)
-
-
-def _write_local_atomic(directory: str, path: str, data: bytes) -> None:
-    os.makedirs(directory, exist_ok=True)
-    tmp = path + ".tmp"
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.rename(tmp, path)
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)  # the rename itself must survive a power cut
-    finally:
-        os.close(fd)

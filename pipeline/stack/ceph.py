@@ -29,8 +29,17 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipeline.files import write_atomic
 from pipeline.stack.process import (
-    ServiceProc, StackError, ensure_port_free, free_port, port_open, require_binary, spawn, stop, wait_until,
+    ServiceProc,
+    StackError,
+    ensure_port_free,
+    free_port,
+    port_open,
+    require_binary,
+    spawn,
+    stop,
+    wait_until,
 )
 
 _HINT = "apt-get install radosgw ceph-mon ceph-osd"
@@ -117,12 +126,7 @@ def _run(argv: list[str], what: str, timeout: float) -> str:
 
 
 def _write_state(d: Path, st: dict) -> None:
-    tmp = d / (_STATE + ".tmp")
-    tmp.unlink(missing_ok=True)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as f:
-        json.dump(st, f)
-    os.replace(tmp, d / _STATE)
+    write_atomic(d / _STATE, json.dumps(st), mode=0o600)
 
 
 def _port_free(port: int) -> bool:

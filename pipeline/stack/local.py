@@ -17,6 +17,7 @@ from pathlib import Path
 import tenacity
 
 from pipeline.bus import create_topics
+from pipeline.files import write_atomic
 from pipeline.settings import StackSettings
 from pipeline.stack.ceph import S3Credentials, s3_healthy, start_ceph_s3
 from pipeline.stack.process import ServiceProc, StackError, pid_alive, port_open, respawn, stop, wait_until
@@ -179,8 +180,4 @@ class LocalStack:
 
 def _write_private(path: Path, text: str) -> None:
     """Write atomically with mode 0600 (the file may hold credentials)."""
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
+    write_atomic(path, text, mode=0o600)
