@@ -31,7 +31,7 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 
-from pipeline.ledger import list_parquet
+from pipeline.ledger import ledger_filesystem, list_parquet
 from pipeline.settings import StackSettings
 from schemas import EVENT_TYPES, Event, arrow_schema
 from trainer.advantages import group_advantages, informative
@@ -79,19 +79,10 @@ def connect(source: Source, *, read_only: bool = True) -> duckdb.DuckDBPyConnect
 
 
 def _filesystem(source: Source) -> tuple[pafs.FileSystem, str]:
-    """Like `pipeline.ledger.ledger_filesystem`, but never creates a local directory: reading must not write."""
+    """`pipeline.ledger.ledger_filesystem` of a source (settings, or a ledger root), never creating it."""
     if not isinstance(source, StackSettings):
-        uri = os.fspath(source)
-        if not uri.startswith("s3://"):
-            return pafs.LocalFileSystem(), os.path.abspath(uri.removeprefix("file://"))
-        source = StackSettings().model_copy(update={"ledger_uri": uri})
-    uri = source.ledger_uri
-    if not uri.startswith("s3://"):
-        return _filesystem(uri)
-    access, secret = source.s3_credentials()
-    fs = pafs.S3FileSystem(access_key=access, secret_key=secret, endpoint_override=source.s3_endpoint,
-                           scheme="https" if source.s3_secure else "http", region="us-east-1")
-    return fs, uri.removeprefix("s3://").rstrip("/")
+        source = StackSettings().model_copy(update={"ledger_uri": os.fspath(source)})
+    return ledger_filesystem(source, create=False)
 
 
 def _files_by_type(fs: pafs.FileSystem, root: str) -> dict[str, list[str]]:

@@ -63,8 +63,9 @@ class LedgerStats:
     """Messages that were no valid event for their topic, moved to the dead-letter topic."""
 
 
-def ledger_filesystem(settings: StackSettings) -> tuple[pafs.FileSystem, str]:
-    """The filesystem and root path of `settings.ledger_uri` (S3 through the stack's endpoint, or local)."""
+def ledger_filesystem(settings: StackSettings, create: bool = True) -> tuple[pafs.FileSystem, str]:
+    """The filesystem and root path of `settings.ledger_uri` (S3 through the stack's endpoint, or local;
+    a local root is created unless `create` is false: readers must not write)."""
     uri = settings.ledger_uri
     if uri.startswith("s3://"):
         access, secret = settings.s3_credentials()
@@ -72,7 +73,8 @@ def ledger_filesystem(settings: StackSettings) -> tuple[pafs.FileSystem, str]:
                                scheme="https" if settings.s3_secure else "http", region="us-east-1")
         return fs, uri.removeprefix("s3://").rstrip("/")
     path = os.path.abspath(uri.removeprefix("file://"))
-    os.makedirs(path, exist_ok=True)
+    if create:
+        os.makedirs(path, exist_ok=True)
     return pafs.LocalFileSystem(), path
 
 
