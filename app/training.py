@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+import psutil
+
 from pipeline.bus import EventProducer, follow
 from pipeline.ledger import LedgerWriter
 from pipeline.settings import StackSettings
@@ -173,12 +175,12 @@ def run_training(settings: StackSettings, config: RunConfig, on_progress=None) -
 
 
 def _cpu_seconds(pid: int) -> float | None:
-    """User + system CPU time of a live process (Linux /proc), or None."""
+    """User + system CPU time of a live process, or None."""
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, IndexError, ValueError):
+        t = psutil.Process(pid).cpu_times()
+    except psutil.Error:
         return None
+    return t.user + t.system
 
 
 def _request(config: RunConfig, run_id: str, episodes: int | None, min_version: int = 0,

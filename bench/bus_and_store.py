@@ -11,6 +11,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import psutil
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # tests/samples.py
 
 import json
@@ -109,9 +111,7 @@ def store(settings, n: int) -> dict:
 def idle_rss_mb(stack: LocalStack) -> dict:
     out = {}
     for s in stack.services:
-        for line in Path(f"/proc/{s.pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                out[s.name] = int(line.split()[1]) / 1024
+        out[s.name] = psutil.Process(s.pid).memory_info().rss / 2**20
     out["total"] = sum(out.values())
     return out
 

@@ -14,6 +14,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
 from playwright.async_api import Browser, BrowserContext, Playwright
 
 CHROMIUM = os.environ.get("AWRL_CHROMIUM", "/usr/bin/chromium")
@@ -84,39 +85,29 @@ class BrowserWorker:
 
     def memory_mb(self) -> float:
         """Proportional set size of this browser and its child processes (shared pages counted once)."""
-        return sum(_pss_kb(p) for p in [self.pid, *_children(self.pid)] if p) / 1024 if self.pid else 0.0
+        return sum(_pss_kb(p) for p in _family(self.pid)) / 1024 if self.pid else 0.0
 
 
 def _find_pid(marker: str) -> int | None:
     """The browser's main process: the one whose command line has our marker and no --type=."""
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if marker.encode() in args and not any(a.startswith(b"--type=") for a in args):
-            return int(pid)
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        args = proc.info["cmdline"] or []
+        if marker in args and not any(a.startswith("--type=") for a in args):
+            return proc.info["pid"]
     return None
 
 
-def _children(pid: int | None) -> list[int]:
-    out, frontier = [], [pid]
-    while frontier:
-        p = frontier.pop()
-        try:
-            kids = Path(f"/proc/{p}/task/{p}/children").read_text().split()
-        except OSError:
-            continue
-        out += map(int, kids)
-        frontier += map(int, kids)
-    return out
-
-
-def _pss_kb(pid: int) -> int:
+def _family(pid: int) -> list[psutil.Process]:
+    """The process and all its descendants (those still alive)."""
     try:
-        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
-            if line.startswith("Pss:"):
-                return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
+        root = psutil.Process(pid)
+        return [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return []
+
+
+def _pss_kb(proc: psutil.Process) -> int:
+    try:
+        return proc.memory_full_info().pss // 1024
+    except psutil.Error:
+        return 0

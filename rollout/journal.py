@@ -16,17 +16,18 @@ import os
 import uuid
 from pathlib import Path
 
+import psutil
+
 from schemas import EpisodeFinished, EpisodeStarted, Event, StepRecorded
 
 _CLAIMED = ".reaping-"
 
 
 def _start_time(pid: int) -> str | None:
-    """The process's start time in clock ticks (with the PID, a unique name for the process)."""
+    """The process's start time (with the PID, a unique name for the process)."""
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
+        return f"{psutil.Process(pid).create_time():.2f}"
+    except psutil.Error:
         return None
 
 

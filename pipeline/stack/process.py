@@ -15,6 +15,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import psutil
+
 
 class StackError(RuntimeError):
     """A stack service could not start or be reached; the message says which and why."""
@@ -123,12 +125,11 @@ def _tail(log_path: Path | None, n: int = 15) -> str:
 def pid_alive(proc: ServiceProc) -> bool:
     """True if `proc.pid` runs and still is the binary we started (guards against PID reuse)."""
     try:
-        exe = os.readlink(f"/proc/{proc.pid}/exe")
-        with open(f"/proc/{proc.pid}/stat") as f:
-            state = f.read().rsplit(")", 1)[1].split()[0]
-    except OSError:
+        p = psutil.Process(proc.pid)
+        exe, status = p.exe(), p.status()
+    except psutil.Error:
         return False
-    return state != "Z" and os.path.realpath(exe.removesuffix(" (deleted)")) == proc.binary
+    return status != psutil.STATUS_ZOMBIE and os.path.realpath(exe.removesuffix(" (deleted)")) == proc.binary
 
 
 def stop(proc: ServiceProc, timeout: float = 10.0) -> None:
