@@ -10,6 +10,7 @@ losing it. New policy versions are loaded between steps, in place (AsyncWebRL's 
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 from collections import defaultdict
@@ -37,6 +38,8 @@ from schemas import (
     TaskGroupDispatched,
 )
 from schemas.observation import Task
+
+log = logging.getLogger("awrl.rollout")
 
 
 @dataclass(frozen=True)
@@ -208,7 +211,7 @@ class RolloutPool:
         try:
             self.stats.orphans_closed += reap(self._journals, self.producer.publish_all)
         except Exception as exc:  # the broker is away: the claimed journal is retried next time
-            print(f"rollout: ending a dead pool's episodes failed ({type(exc).__name__}: {exc}); will retry")
+            log.warning("ending a dead pool's episodes failed (%s: %s); will retry", type(exc).__name__, exc)
 
     def _count(self, f: EpisodeFinished) -> None:
         s = self.stats
@@ -234,7 +237,7 @@ class RolloutPool:
         try:
             await asyncio.to_thread(lambda: [f.get(timeout=60) for f in acks])
         except Exception as exc:  # part of it never reached the log: run the whole group again
-            print(f"rollout: group {d.group_id} not acknowledged by the broker ({type(exc).__name__}); running it again")
+            log.warning("group %s not acknowledged by the broker (%s); running it again", d.group_id, type(exc).__name__)
             self.stats.groups_rerun += 1
             group.results, group.acks, group.versions = [], [], set()
             for _ in range(d.group_size):
@@ -296,7 +299,7 @@ class RolloutPool:
                     continue
                 group = self._group(d)
                 if group is None:  # a task this pool does not serve: skip it, loudly
-                    print(f"rollout: unknown task {d.event.suite}/{d.event.task_id}; skipped")
+                    log.warning("unknown task %s/%s; skipped", d.event.suite, d.event.task_id)
                     tracker.done(d.topic, d.partition, d.offset)
                     capacity.release()
                     continue

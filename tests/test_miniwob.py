@@ -9,6 +9,7 @@ alone; they are just enough to carry out the oracle's plan vocabulary.
 from __future__ import annotations
 
 import asyncio
+import http.server
 import json
 import random
 import re
@@ -271,3 +272,19 @@ def test_random_policy_gets_the_pages_own_reward():
         else:  # ran out of steps: a failure from the final judge call
             assert not verdict.success and steps == task.horizon
             assert re.search(r"before the task ended", verdict.reason)
+
+
+def test_client_disconnects_are_not_printed_as_tracebacks_but_other_errors_are(capsys):
+    from rollout.suites.serving import QuietHTTPServer
+
+    server = QuietHTTPServer(("127.0.0.1", 0), http.server.BaseHTTPRequestHandler)
+    try:
+        for exc in (BrokenPipeError(32, "Broken pipe"), ValueError("a bug")):
+            try:
+                raise exc
+            except Exception:
+                server.handle_error(None, ("127.0.0.1", 1))
+    finally:
+        server.server_close()
+    err = capsys.readouterr().err
+    assert "BrokenPipeError" not in err and "ValueError: a bug" in err

@@ -16,6 +16,7 @@ finished; groups it had already trained are skipped by id (`skip`).
 
 from __future__ import annotations
 
+import logging
 import random
 import time
 from collections import defaultdict
@@ -32,6 +33,9 @@ from trainer.config import TrainConfig
 from trainer.staleness import admissible
 
 Partition = tuple[str, int]
+
+
+log = logging.getLogger("awrl.trainer.batch")
 
 
 @dataclass
@@ -194,7 +198,7 @@ class BatchBuilder:
 
     def _damage(self, reason: str, group: TrainGroup, exc: Exception) -> str:
         # GroupDropped has no free-text field: the operator's log carries which object failed
-        print(f"trainer: dropping group {group.group_id} ({reason}): {exc}", flush=True)
+        log.warning("dropping group %s (%s): %s", group.group_id, reason, exc)
         return reason
 
     def _informative(self, group: TrainGroup) -> bool:

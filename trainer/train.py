@@ -22,7 +22,9 @@ checkpoint, optimizer state stored beside it) and the committed offsets; groups 
 from __future__ import annotations
 
 import argparse
+import logging
 import os
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -43,6 +45,8 @@ from trainer.batch import BatchBuilder
 from trainer.config import TrainConfig
 from trainer.update import Scorer, accumulate_gradients, flatten, proximal_logprobs, set_lr, shard, update_stats
 
+log = logging.getLogger("awrl.trainer")
+
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -58,7 +62,8 @@ def main(argv: list[str] | None = None) -> None:
     torch.manual_seed(config.seed)
     leader = rank == 0
     if leader:
-        print(f"trainer: {world} process(es) on {device}; config {config.model_dump_json()}", flush=True)
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s", stream=sys.stdout)
+        log.info("%d process(es) on %s; config %s", world, device, config.model_dump_json())
 
     # -- resume: the last published version of this run, or version 0 --------------------------------
     checkpoints = CheckpointStore.from_settings(settings)
@@ -97,8 +102,7 @@ def main(argv: list[str] | None = None) -> None:
         batch = box[0]
         if batch is None:
             if leader:
-                print(f"trainer: no batch for {config.batch_timeout_s}s at v{version}; stopping "
-                      f"({builder.describe()})", flush=True)
+                log.info("no batch for %ss at v%d; stopping (%s)", config.batch_timeout_s, version, builder.describe())
             break
         wait_s = time.perf_counter() - t_wait
 
@@ -146,8 +150,8 @@ def main(argv: list[str] | None = None) -> None:
             _publish(producer, checkpoints, scorer, optimizer, config, version, version - 1, updates, update_step - 1)
             builder.trained(batch)
             builder.commit()
-            print(f"trainer: v{version} loss {updates[-1].loss:+.4f} groups {len(batch)} "
-                  f"dropped {dict(builder.stats.dropped)} wait {wait_s:.1f}s compute {compute_s:.1f}s", flush=True)
+            log.info("v%d loss %+.4f groups %d dropped %s wait %.1fs compute %.1fs", version, updates[-1].loss,
+                     len(batch), dict(builder.stats.dropped), wait_s, compute_s)
 
     if leader:
         builder.commit()

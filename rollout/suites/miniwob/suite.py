@@ -23,6 +23,7 @@ import miniwob
 from playwright.async_api import Error as PlaywrightError
 
 from rollout.suites.miniwob.oracle import oracle_plan_step
+from rollout.suites.serving import QuietHTTPServer
 from rollout.suites.tasks_io import TaskFileError
 from rollout.suites.tasks_io import load_tasks as _load_tasks
 from rollout.types import Verdict
@@ -94,7 +95,7 @@ class MiniWobSuite:
         self.tasks_file = Path(tasks_file)
         self.html_dir = Path(html_dir)
         self.base_url = ""
-        self._server: http.server.ThreadingHTTPServer | None = None
+        self._server: QuietHTTPServer | None = None
         self._thread: threading.Thread | None = None
         self._tasks: list[Task] | None = None
 
@@ -105,8 +106,7 @@ class MiniWobSuite:
             return
         handler = functools.partial(_QuietHandler, directory=str(self.html_dir))
         # Port 0: the OS picks a free port, so several suites (or test runs) never collide.
-        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-        self._server.daemon_threads = True
+        self._server = QuietHTTPServer(("127.0.0.1", 0), handler)
         self.base_url = f"http://127.0.0.1:{self._server.server_address[1]}"
         self._thread = threading.Thread(
             target=self._server.serve_forever, name="miniwob-http", daemon=True

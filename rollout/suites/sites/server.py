@@ -15,9 +15,10 @@ import secrets
 import threading
 from collections import OrderedDict
 from http.cookies import CookieError, SimpleCookie
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from urllib.parse import parse_qsl, urlsplit
 
+from rollout.suites.serving import QuietHTTPServer
 from rollout.suites.sites import forms, shop, wiki
 from rollout.suites.sites.web import STATIC, Request, Response, Session, esc, page
 
@@ -56,7 +57,7 @@ class SitesServer:
         self.port = port
         self.token = secrets.token_hex(16)
         self.sessions = SessionStore()
-        self._httpd: ThreadingHTTPServer | None = None
+        self._httpd: QuietHTTPServer | None = None
         self._thread: threading.Thread | None = None
 
     @property
@@ -65,8 +66,7 @@ class SitesServer:
 
     def start(self) -> SitesServer:
         if self._httpd is None:
-            self._httpd = ThreadingHTTPServer(("127.0.0.1", self.port), _Handler)
-            self._httpd.daemon_threads = True
+            self._httpd = QuietHTTPServer(("127.0.0.1", self.port), _Handler)
             self._httpd.app = self  # type: ignore[attr-defined]
             self.port = self._httpd.server_address[1]
             self._thread = threading.Thread(target=self._httpd.serve_forever, name="sites-http", daemon=True)
