@@ -10,10 +10,13 @@ Like `app.cli`, each verb imports its machinery inside its function, so that `--
 
 from __future__ import annotations
 
+import csv
+import io
 import json as jsonlib
 import re
 from datetime import date, datetime, timedelta
 from decimal import Decimal
+from enum import Enum
 from pathlib import Path
 
 import duckdb
@@ -120,9 +123,18 @@ def run_query(con: duckdb.DuckDBPyConnection, query: str, limit: int | None = No
     return columns, rows[:limit] if truncated else rows, truncated
 
 
+class Format(str, Enum):
+    table = "table"
+    csv = "csv"
+    json = "json"
+    markdown = "markdown"
+
+
 def sql(
     query: str = typer.Argument(..., help="One read-only query over the ledger views (see `DESCRIBE steps`)."),
-    json: bool = JSON,
+    format: Format = typer.Option(Format.table, "--format", "-f",  # noqa: A002 - the option's name
+                                  help="table (one record per block when wider than the terminal), csv, json, markdown."),
+    json: bool = typer.Option(False, "--json", help="Same as --format json."),
     limit: int = typer.Option(100, help="Rows to print at most (0: all)."),
     param: list[str] = typer.Option(
         [], "--param", "-p", metavar="NAME=VALUE",
@@ -150,15 +162,41 @@ def sql(
         raise typer.Exit(1) from None
     finally:
         con.close()
-    if json:
+    _print_rows(columns, rows, Format.json if json else format)
+    if truncated and not json and format is not Format.json:
+        console.print(f"[dim]first {limit} rows shown; --limit 0 for all[/]", highlight=False)
+
+
+def _print_rows(columns: list[str], rows: list[tuple], fmt: Format) -> None:
+    if fmt is Format.json:
         typer.echo(jsonlib.dumps([dict(zip(columns, r)) for r in rows], default=_plain))
         return
-    table = Table(*columns)
-    for row in rows:
-        table.add_row(*("NULL" if v is None else str(v) for v in row))
-    console.print(table)
-    if truncated:
-        console.print(f"[dim]first {limit} rows shown; --limit 0 for all[/]")
+    cells = [["NULL" if v is None else str(v) for v in row] for row in rows]
+    if fmt is Format.csv:
+        out = io.StringIO()
+        csv.writer(out, lineterminator="\n").writerows([columns, *cells])
+        typer.echo(out.getvalue(), nl=False)
+    elif fmt is Format.markdown:
+        def line(values):
+            return "| " + " | ".join(v.replace("|", "\\|").replace("\n", " ") for v in values) + " |"
+        typer.echo("\n".join([line(columns), "|" + "---|" * len(columns), *map(line, cells)]))
+    elif _natural_width(columns, cells) <= console.width:
+        table = Table(*columns)
+        for row in cells:
+            table.add_row(*row)
+        console.print(table)
+    else:  # psql's expanded display: one block per record, nothing squeezed to an ellipsis
+        key = max(map(len, columns))
+        for i, row in enumerate(cells, 1):
+            console.print(f"[dim]-[ record {i} ]" + "-" * max(0, key - 10) + "[/]", highlight=False)
+            for name, value in zip(columns, row):
+                console.print(f"{name.ljust(key)} | {value}", highlight=False, soft_wrap=True)
+
+
+def _natural_width(columns: list[str], cells: list[list[str]]) -> int:
+    """Width of a boxed table showing every value whole."""
+    widths = [max([len(c), *(len(r[i]) for r in cells)]) for i, c in enumerate(columns)]
+    return sum(widths) + 3 * len(widths) + 1
 
 
 def drift(

@@ -267,6 +267,20 @@ def cli():
     return lambda *args: CliRunner().invoke(app, [str(a) for a in args])
 
 
+def test_cli_sql_formats_and_a_wide_result_is_shown_whole_in_80_columns(cli, ledger):
+    query = "SELECT trajectory_id, outcome FROM trajectories WHERE run_id = 'r1' ORDER BY 1"
+    lines = cli("sql", query, "--format", "csv", "--ledger", ledger).output.splitlines()
+    assert lines[0] == "trajectory_id,outcome" and len(lines) == 5 and lines[1].endswith(",success")
+    lines = cli("sql", query, "-f", "markdown", "--ledger", ledger).output.splitlines()
+    assert lines[:2] == ["| trajectory_id | outcome |", "|---|---|"] and len(lines) == 6
+    narrow = cli("sql", query, "--ledger", ledger).output
+    assert "┃ trajectory_id" in narrow  # fits: a table
+    wide = cli("sql", "SELECT *, repeat('x', 50) AS long_text FROM trajectories WHERE run_id = 'r1'", "--ledger",
+               ledger).output
+    assert "…" not in wide and "-[ record 4 ]" in wide  # too wide: one block per record, nothing cut
+    assert any(line.startswith("long_text") and line.endswith("x" * 50) for line in wide.splitlines())
+
+
 def test_cli_sql_drift_and_report(cli, ledger, tmp_path):
     res = cli("sql", "SELECT trajectory_id, outcome FROM trajectories WHERE run_id = 'r1' ORDER BY 1", "--json",
               "--ledger", ledger)
