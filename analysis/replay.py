@@ -7,8 +7,8 @@ batch (the `UpdateApplied` events sharing a `version_before`):
   `GroupCompleted` events by the trainer's own fold (`trainer.batch.GroupAssembler`);
 - the start: the checkpoint of `version_before` and the optimizer state stored beside it;
 - the config: the recorded `config_json`, optionally with `overrides` (a variant);
-- the maths: the trainer's own `flatten`, `shard`, `proximal_logprobs`, `accumulate_gradients`,
-  clip and AdamW step. The recorded world size is emulated: each rank's shard is accumulated alone,
+- the maths: the trainer's own `flatten`, `shard`, `proximal_logprobs` and `optimizer_step` (one
+  function for both). The recorded world size is emulated: each rank's shard is accumulated alone,
   then the ranks' gradients are summed as the all-reduce does.
 
 Determinism (CPU): the same intra-op thread count as the trainer (recorded as `stats["threads"]`;
@@ -46,10 +46,9 @@ from trainer.config import TrainConfig
 from trainer.update import (
     Scorer,
     StepSample,
-    accumulate_gradients,
     flatten,
+    optimizer_step,
     proximal_logprobs,
-    set_lr,
     shard,
     update_stats,
 )
@@ -165,24 +164,11 @@ def replay_batch(ledger: RunLedger, recorded: list[UpdateApplied], overrides: di
                 if len(recorded) > 1 else None)
     out = []
     for m, (u, (_, num_trajectories)) in enumerate(zip(recorded, flat)):
-        optimizer.zero_grad(set_to_none=False)
-        set_lr(optimizer, config, u.update_step)
-        loss, tokens, grads = 0.0, [], []
-        for r in range(world):
-            for p in model.parameters():  # each rank accumulates alone, from zero
-                p.grad = None if world == 1 else torch.zeros_like(p)
-            shard_loss, shard_tokens = accumulate_gradients(scorer, shards[m][r], num_trajectories, first.version_before,
-                                                            config, proximal[m][r] if proximal else None)
-            loss, tokens = loss + shard_loss, tokens + [shard_tokens]
-            grads.append([p.grad for p in model.parameters()])
-        if world > 1:  # the all-reduce: one sum per element, in rank order
-            for i, p in enumerate(model.parameters()):
-                p.grad = sum((g[i] for g in grads[1:]), grads[0][i])
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm).item()
-        optimizer.step()
-        merged = {k: torch.cat([t[k] for t in tokens]) for k in tokens[0]}
-        out.append(Replayed(u.update_step, u.version_before, loss, grad_norm, weights_sha256(model.state_dict()),
-                            update_stats(merged, config)))
+        step = optimizer_step(scorer, optimizer, config, u.update_step, shards[m], num_trajectories,
+                              first.version_before, proximal[m] if proximal else None, lambda _: None)
+        merged = {k: torch.cat([t[k] for t in step.tokens]) for k in step.tokens[0]}
+        out.append(Replayed(u.update_step, u.version_before, step.loss, step.grad_norm,
+                            weights_sha256(model.state_dict()), update_stats(merged, config)))
     return out, model, scorer
 
 

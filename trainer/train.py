@@ -43,7 +43,7 @@ from pipeline.topics import TRAINER
 from schemas import GroupDropped, PolicyVersionPublished, UpdateApplied
 from trainer.batch import BatchBuilder
 from trainer.config import TrainConfig
-from trainer.update import Scorer, accumulate_gradients, flatten, proximal_logprobs, set_lr, shard, update_stats
+from trainer.update import Scorer, flatten, optimizer_step, proximal_logprobs, shard, update_stats
 
 log = logging.getLogger("awrl.trainer")
 
@@ -114,15 +114,11 @@ def main(argv: list[str] | None = None) -> None:
         updates = []
         for i, m in enumerate(plan):
             t0 = time.perf_counter()
-            optimizer.zero_grad(set_to_none=False)
-            lr = set_lr(optimizer, config, update_step)
-            shard_loss, tokens = accumulate_gradients(scorer, mine[m], flat[m][1], version, config,
-                                                      proximal[m] if proximal else None)
-            _all_reduce_gradients(model, world)
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm).item()
-            optimizer.step()
+            step = optimizer_step(scorer, optimizer, config, update_step, [mine[m]], flat[m][1], version,
+                                  [proximal[m]] if proximal else None, lambda model: _all_reduce_gradients(model, world))
+            lr, grad_norm = step.lr, step.grad_norm
             time.sleep(config.slow_s)
-            loss, stats = _gather_stats(shard_loss, tokens, config, leader)
+            loss, stats = _gather_stats(step.loss, step.tokens[0], config, leader)
             compute_s = time.perf_counter() - t0
             # pi_theta has moved away from pi_prox by this step's approx_kl: past the target, stop the batch
             stop = [leader and config.target_kl is not None and stats.get("approx_kl", 0.0) > config.target_kl]

@@ -161,6 +161,48 @@ def accumulate_gradients(scorer: Scorer, samples: list[StepSample], num_trajecto
     return total, {k: torch.cat(v) if v else torch.zeros(0) for k, v in vars(acc).items()}
 
 
+@dataclass
+class StepResult:
+    lr: float
+    loss: float
+    """Sum of the shards' losses (this process's share of the batch loss)."""
+    tokens: list[dict[str, torch.Tensor]]
+    """Per shard: its detached per-token tensors, for `update_stats`."""
+    grad_norm: float
+    """Global gradient norm before clipping."""
+
+
+def optimizer_step(scorer: Scorer, optimizer: torch.optim.Optimizer, config: TrainConfig, update_step: int,
+                   shards: list[list[StepSample]], num_trajectories: int, version: int,
+                   proximal: list[list[torch.Tensor]] | None, reduce_gradients: Callable[[torch.nn.Module], None]
+                   ) -> StepResult:
+    """One optimizer step, the trainer's and replay's alike: learning rate, gradients, their reduction
+    over ranks, clipping, AdamW.
+
+    `shards`: the trainer passes its own rank's samples and `reduce_gradients` sums them over the
+    ranks; replay passes every recorded rank's shard, each accumulated from zero and summed here in rank
+    order (the all-reduce's arithmetic, so a 2-rank update replays bit for bit in one process)."""
+    params = list(scorer.model.parameters())
+    optimizer.zero_grad(set_to_none=False)
+    lr = set_lr(optimizer, config, update_step)
+    loss, tokens, grads = 0.0, [], []
+    for i, samples in enumerate(shards):
+        if len(shards) > 1:
+            for p in params:
+                p.grad = torch.zeros_like(p)
+        shard_loss, shard_tokens = accumulate_gradients(scorer, samples, num_trajectories, version, config,
+                                                        proximal[i] if proximal else None)
+        loss, tokens = loss + shard_loss, tokens + [shard_tokens]
+        grads.append([p.grad for p in params])
+    if len(shards) > 1:
+        for j, p in enumerate(params):
+            p.grad = sum((g[j] for g in grads[1:]), grads[0][j])
+    reduce_gradients(scorer.model)
+    grad_norm = torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm).item()
+    optimizer.step()
+    return StepResult(lr, loss, tokens, grad_norm)
+
+
 def set_lr(optimizer: torch.optim.Optimizer, config: TrainConfig, update_step: int) -> float:
     """Set the schedule's rate (`TrainConfig.lr_at`) for optimizer step `update_step`; the trainer and replay
     both call this, so a replayed step uses the recorded rate. Returns it."""
