@@ -27,6 +27,7 @@ import os
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -48,30 +49,74 @@ from trainer.update import Scorer, flatten, optimizer_step, proximal_logprobs, s
 log = logging.getLogger("awrl.trainer")
 
 
+@dataclass
+class _Trainer:
+    """What every rank holds for the run; rank 0 (`leader`) also holds the broker side."""
+
+    config: TrainConfig
+    settings: StackSettings
+    rank: int
+    world: int
+    scorer: Scorer
+    optimizer: torch.optim.Optimizer
+    checkpoints: CheckpointStore
+    version: int
+    update_step: int
+    producer: EventProducer | None = None
+    builder: BatchBuilder | None = None
+
+    @property
+    def leader(self) -> bool:
+        return self.rank == 0
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", required=True, help="TrainConfig as a JSON file")
     config = TrainConfig.model_validate_json(Path(parser.parse_args(argv).config).read_text())
-    settings = StackSettings()
-
-    # -- processes --------------------------------------------------------------------------------
     cuda = torch.cuda.is_available()
     dist.init_process_group(backend="nccl" if cuda else "gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
     device = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}" if cuda else "cpu")
     torch.manual_seed(config.seed)
-    leader = rank == 0
-    if leader:
+    t = _start(config, StackSettings(), device)
+    while config.max_updates is None or t.update_step < config.max_updates:
+        t_wait = time.perf_counter()
+        box = [t.builder.next_batch(t.version) if t.leader else None]
+        dist.broadcast_object_list(box, src=0)
+        batch = box[0]
+        if batch is None:
+            if t.leader:
+                log.info("no batch for %ss at v%d; stopping (%s)", config.batch_timeout_s, t.version,
+                         t.builder.describe())
+            break
+        updates = _train_batch(t, batch, time.perf_counter() - t_wait)
+        t.version += 1
+        if t.leader:
+            _publish(t.producer, t.checkpoints, t.scorer, t.optimizer, config, t.version, t.version - 1, updates,
+                     t.update_step - 1)
+            t.builder.trained(batch)
+            t.builder.commit()
+            log.info("v%d loss %+.4f groups %d dropped %s wait %.1fs compute %.1fs", t.version, updates[-1].loss,
+                     len(batch), dict(t.builder.stats.dropped), updates[0].wait_s, sum(u.compute_s for u in updates))
+    if t.leader:
+        t.builder.commit()
+        t.builder.close()
+        t.producer.close()
+    dist.destroy_process_group()
+
+
+def _start(config: TrainConfig, settings: StackSettings, device: torch.device) -> _Trainer:
+    """Resume from the run's last published version (weights and optimizer state), or start at version 0."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if rank == 0:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s", stream=sys.stdout)
         log.info("%d process(es) on %s; config %s", world, device, config.model_dump_json())
-
-    # -- resume: the last published version of this run, or version 0 --------------------------------
     checkpoints = CheckpointStore.from_settings(settings)
-    resume = [_resume_state(settings, config.run_id) if leader else None]
+    resume = [_resume_state(settings, config.run_id) if rank == 0 else None]
     dist.broadcast_object_list(resume, src=0)
     latest, skip = resume[0]
-    if leader:  # one download into the shared cache; the other ranks then find it there
-        model_dir = checkpoints.download(latest.checkpoint_uri) if latest else ensure_tiny_vlm(config.model_dir)
+    if rank == 0:  # one download into the shared cache; the other ranks then find it there
+        checkpoints.download(latest.checkpoint_uri) if latest else ensure_tiny_vlm(config.model_dir)
     dist.barrier()
     model_dir = checkpoints.download(latest.checkpoint_uri) if latest else ensure_tiny_vlm(config.model_dir)
     model, tokenizer, image_processor = load_tiny_vlm(model_dir)
@@ -82,78 +127,60 @@ def main(argv: list[str] | None = None) -> None:
             state = checkpoints.get_state(config.run_id, latest.version, "optimizer.pt", Path(tmp) / "optimizer.pt")
             if state is not None:
                 optimizer.load_state_dict(torch.load(state, map_location=device))
-    version = latest.version if latest else 0
-    update_step = latest.update_step + 1 if latest and latest.update_step is not None else 0
-
     scorer = Scorer(model, tokenizer, image_processor, suppressed_token_ids(tokenizer),
                     ScreenshotStore.from_settings(settings).get)
-    if leader:
+    t = _Trainer(config, settings, rank, world, scorer, optimizer, checkpoints,
+                 version=latest.version if latest else 0,
+                 update_step=latest.update_step + 1 if latest and latest.update_step is not None else 0)
+    if t.leader:
         create_topics(settings)
-        producer = EventProducer(settings, client_id="trainer")
-        builder = BatchBuilder(settings, config, producer, skip=skip)
+        t.producer = EventProducer(settings, client_id="trainer")
+        t.builder = BatchBuilder(settings, config, t.producer, skip=skip)
         if latest is None:  # announce version 0, so the lineage starts at a stored checkpoint
-            _publish(producer, checkpoints, scorer, optimizer, config, 0, None, [], None)
+            _publish(t.producer, checkpoints, scorer, optimizer, config, 0, None, [], None)
+    return t
 
-    # -- the loop: one batch, one version ----------------------------------------------------------------
-    while config.max_updates is None or update_step < config.max_updates:
-        t_wait = time.perf_counter()
-        box = [builder.next_batch(version) if leader else None]
-        dist.broadcast_object_list(box, src=0)
-        batch = box[0]
-        if batch is None:
-            if leader:
-                log.info("no batch for %ss at v%d; stopping (%s)", config.batch_timeout_s, version, builder.describe())
+
+def _train_batch(t: _Trainer, batch: list, wait_s: float) -> list[UpdateApplied]:
+    """The batch's optimizer steps (`ppo_epochs` passes over `minibatches`, or fewer if approx_kl passes
+    `target_kl`); on rank 0, one `UpdateApplied` per step."""
+    config = t.config
+    minibatches = [batch[m::config.minibatches] for m in range(config.minibatches)]
+    flat = [flatten(mb) for mb in minibatches]
+    mine = [shard(samples, t.rank, t.world) for samples, _ in flat]
+    plan = [m for _ in range(config.ppo_epochs) for m in range(config.minibatches)]  # optimizer steps
+    proximal = [proximal_logprobs(t.scorer, s, config.temperature) for s in mine] if len(plan) > 1 else None
+    updates = []
+    for i, m in enumerate(plan):
+        t0 = time.perf_counter()
+        step = optimizer_step(t.scorer, t.optimizer, config, t.update_step, [mine[m]], flat[m][1], t.version,
+                              [proximal[m]] if proximal else None, lambda model: _all_reduce_gradients(model, t.world))
+        time.sleep(config.slow_s)
+        loss, stats = _gather_stats(step.loss, step.tokens[0], config, t.leader)
+        compute_s = time.perf_counter() - t0
+        # pi_theta has moved away from pi_prox by this step's approx_kl: past the target, stop the batch
+        stop = [t.leader and config.target_kl is not None and stats.get("approx_kl", 0.0) > config.target_kl]
+        if config.target_kl is not None:  # only rank 0 has the statistics; no collective when unused
+            dist.broadcast_object_list(stop, src=0)
+        last = stop[0] or i == len(plan) - 1
+        if t.leader:
+            # threads: replay needs the same intra-op thread count to reproduce the update bit for bit
+            stats.update(groups_dropped=float(sum(t.builder.stats.dropped.values())), world_size=float(t.world),
+                         threads=float(torch.get_num_threads()), lr=step.lr, epoch=float(i // config.minibatches))
+            first_wait = wait_s if i == 0 else 0.0
+            updates.append(UpdateApplied(
+                run_id=config.run_id, update_step=t.update_step, version_before=t.version,
+                version_after=t.version + 1 if last else t.version,
+                group_ids=[g.group_id for g in minibatches[m]],
+                trajectory_ids=[tid for g in minibatches[m] for tid in g.completed.trajectory_ids],
+                loss=loss, grad_norm=step.grad_norm, stats=stats, config_json=config.model_dump_json(),
+                weights_sha256=weights_sha256(t.scorer.model.state_dict()), duration_s=first_wait + compute_s,
+                wait_s=first_wait, compute_s=compute_s, world_size=t.world,
+            ))
+        t.update_step += 1
+        if last:
             break
-        wait_s = time.perf_counter() - t_wait
-
-        minibatches = [batch[m::config.minibatches] for m in range(config.minibatches)]
-        flat = [flatten(mb) for mb in minibatches]
-        mine = [shard(samples, rank, world) for samples, _ in flat]
-        plan = [m for _ in range(config.ppo_epochs) for m in range(config.minibatches)]  # optimizer steps
-        proximal = [proximal_logprobs(scorer, s, config.temperature) for s in mine] if len(plan) > 1 else None
-        updates = []
-        for i, m in enumerate(plan):
-            t0 = time.perf_counter()
-            step = optimizer_step(scorer, optimizer, config, update_step, [mine[m]], flat[m][1], version,
-                                  [proximal[m]] if proximal else None, lambda model: _all_reduce_gradients(model, world))
-            lr, grad_norm = step.lr, step.grad_norm
-            time.sleep(config.slow_s)
-            loss, stats = _gather_stats(step.loss, step.tokens[0], config, leader)
-            compute_s = time.perf_counter() - t0
-            # pi_theta has moved away from pi_prox by this step's approx_kl: past the target, stop the batch
-            stop = [leader and config.target_kl is not None and stats.get("approx_kl", 0.0) > config.target_kl]
-            if config.target_kl is not None:  # only rank 0 has the statistics; no collective when unused
-                dist.broadcast_object_list(stop, src=0)
-            last = stop[0] or i == len(plan) - 1
-            if leader:
-                # threads: replay needs the same intra-op thread count to reproduce the update bit for bit
-                stats.update(groups_dropped=float(sum(builder.stats.dropped.values())), world_size=float(world),
-                             threads=float(torch.get_num_threads()), lr=lr, epoch=float(i // config.minibatches))
-                updates.append(UpdateApplied(
-                    run_id=config.run_id, update_step=update_step, version_before=version,
-                    version_after=version + 1 if last else version,
-                    group_ids=[g.group_id for g in minibatches[m]],
-                    trajectory_ids=[t for g in minibatches[m] for t in g.completed.trajectory_ids],
-                    loss=loss, grad_norm=grad_norm, stats=stats, config_json=config.model_dump_json(),
-                    weights_sha256=weights_sha256(model.state_dict()), duration_s=(wait_s if i == 0 else 0) + compute_s,
-                    wait_s=wait_s if i == 0 else 0.0, compute_s=compute_s, world_size=world,
-                ))
-            update_step += 1
-            if last:
-                break
-        version += 1
-        if leader:
-            _publish(producer, checkpoints, scorer, optimizer, config, version, version - 1, updates, update_step - 1)
-            builder.trained(batch)
-            builder.commit()
-            log.info("v%d loss %+.4f groups %d dropped %s wait %.1fs compute %.1fs", version, updates[-1].loss,
-                     len(batch), dict(builder.stats.dropped), wait_s, compute_s)
-
-    if leader:
-        builder.commit()
-        builder.close()
-        producer.close()
-    dist.destroy_process_group()
+    return updates
 
 
 def _resume_state(settings: StackSettings, run_id: str) -> tuple[PolicyVersionPublished | None, set[str]]:
