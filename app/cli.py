@@ -308,15 +308,19 @@ def training_run(
     from app.training import RunConfig, run_training
     from pipeline.stack.local import LocalStack
     from rollout.curriculum import CurriculumConfig
+    from rollout.episode import EpisodeConfig
+    from rollout.run import RolloutRequest
     from trainer.config import TrainConfig
 
     with console.status("starting the local stack ..."):
         stack = LocalStack.up(data_dir)
     os.environ.update(stack.settings().environ())
-    config = RunConfig(mode=mode, minutes=minutes, suite=suite, difficulty=difficulty, policy=policy, noise=noise,
-                       model_dir=model_dir, workers=workers, group_size=group_size, eta=eta, nproc=nproc,
-                       train=TrainConfig(run_id="-", groups_per_update=groups_per_update, lr=lr),
-                       curriculum=CurriculumConfig() if curriculum else None, curriculum_from=tuple(curriculum_from))
+    rollout = RolloutRequest(suite=suite, difficulty=difficulty, policy=policy, noise=noise, model_dir=model_dir,
+                             workers=workers, group_size=group_size, episode=EpisodeConfig(som=True),
+                             curriculum=CurriculumConfig() if curriculum else None,
+                             curriculum_from=tuple(curriculum_from))
+    config = RunConfig(mode=mode, minutes=minutes, rollout=rollout, eta=eta, nproc=nproc,
+                       train=TrainConfig(run_id="-", groups_per_update=groups_per_update, lr=lr))
     with Live(console=console, refresh_per_second=2) as live:
         def show(p) -> None:
             elapsed = time.monotonic() - p.started

@@ -174,11 +174,13 @@ def run_learning(settings: StackSettings, config: LearningConfig,
         train = (config.train or RL_TRAIN).model_copy(update={"run_id": run_id, "temperature": config.temperature})
         if config.curriculum is not None:
             LedgerWriter(settings).sync(idle_exit_s=3.0)  # the curriculum starts from the SFT evaluation
-        curve.rl = run_training(settings, RunConfig(
-            mode="async", minutes=config.rl_minutes, suite=config.suite, difficulty=config.difficulty,
-            templates=templates, policy="local", model_dir=sft_dir, workers=config.workers, group_size=config.group_size,
-            train=train, curriculum=config.curriculum, curriculum_from=(f"{run_id}-eval-sft",), run_id=run_id,
-            log_dir=out / "logs"), on_progress=_rl_progress(say))
+        rollout = RolloutRequest(
+            suite=config.suite, difficulty=config.difficulty, templates=templates, policy="local", model_dir=sft_dir,
+            workers=config.workers, group_size=config.group_size, episode=EpisodeConfig(som=True),
+            curriculum=config.curriculum, curriculum_from=(f"{run_id}-eval-sft",))
+        curve.rl = run_training(settings, RunConfig(mode="async", minutes=config.rl_minutes, rollout=rollout,
+                                                    train=train, run_id=run_id, log_dir=out / "logs"),
+                                on_progress=_rl_progress(say))
         versions, checkpoints = _published(settings, run_id), CheckpointStore.from_settings(settings)
         for version in _spaced(sorted(versions), config.rl_eval_points):
             measure("rl" if version == max(versions) else f"rl-v{version}", checkpoints.download(versions[version]),

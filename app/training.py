@@ -21,7 +21,7 @@ import sys
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
@@ -31,7 +31,6 @@ from pipeline.bus import EventProducer, follow
 from pipeline.ledger import LedgerWriter
 from pipeline.settings import StackSettings
 from pipeline.topics import TRAINER
-from rollout.curriculum import CurriculumConfig
 from rollout.episode import EpisodeConfig
 from rollout.pool import PoolStats
 from rollout.run import RolloutRequest, run_rollout
@@ -46,30 +45,17 @@ class RunConfig:
     mode: Literal["async", "sync"] = "async"
     minutes: float = 10.0
     """Wall budget for rollout and training (start-up and the final drain are not counted)."""
-    suite: str = "sites"
-    difficulty: str | None = "easy"
-    templates: tuple[str, ...] | None = None
-    """Train on tasks of these templates only; None: all of the suite's train split."""
-    policy: str = "local"
-    """`local` (the tiny VLM samples) or `demo` (the oracle's actions as its tokens, with `noise`)."""
-    noise: float = 0.0
-    model_dir: Path | None = None
-    """Initial weights of both the pool and the trainer (e.g. an SFT warm start)."""
-    workers: int = 2
-    group_size: int = 2
+    rollout: RolloutRequest = RolloutRequest(policy="local", workers=2, group_size=2, difficulty="easy",
+                                             episode=EpisodeConfig(som=True))
+    """The pool's side: suite, tasks, policy, its initial weights (the trainer's too), workers, G,
+    curriculum. The run sets `run_id`, `episodes`, `temperature` (the trainer's), `seed` and
+    `min_version`; `everlasting=False` relaunches each browser after every episode (an ablation)."""
     eta: int = 2
     """Staleness bound of the async schedule (sync is on-policy: 0)."""
     nproc: int = 1
     """Trainer processes."""
-    som: bool = True
-    everlasting: bool = True
-    """async only: False relaunches each browser after every episode (the everlasting-pool ablation)."""
     train: TrainConfig | None = None
     """Trainer hyper-parameters; `run_id`, `model_dir` and `eta` are set by the run."""
-    curriculum: CurriculumConfig | None = None
-    """Dispatch from task families in the success band (`rollout.curriculum`); None: every task."""
-    curriculum_from: tuple[str, ...] = ()
-    """Earlier runs whose ledgered outcomes seed the curriculum."""
     run_id: str = ""
     log_dir: Path = Path(".awrl/runs")
 
@@ -142,7 +128,7 @@ def run_training(settings: StackSettings, config: RunConfig, on_progress=None) -
     logs.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, **settings.environ()}
     train = (config.train or TrainConfig(run_id=run_id)).model_copy(update={
-        "run_id": run_id, "model_dir": config.model_dir, "eta": config.eta if config.mode == "async" else 0})
+        "run_id": run_id, "model_dir": config.rollout.model_dir, "eta": config.eta if config.mode == "async" else 0})
     progress, stop = RunProgress(), threading.Event()
     producer = EventProducer(settings, client_id="run")
     watcher = threading.Thread(target=follow, args=(settings, TRAINER, run_id, progress.on_trainer_event, stop, producer),
@@ -187,13 +173,8 @@ def _request(config: RunConfig, run_id: str, episodes: int | None, min_version: 
              seed: int = 0) -> RolloutRequest:
     train = config.train or TrainConfig(run_id=run_id)
     # The pool samples at the temperature the trainer scores at: the behaviour distribution is one.
-    return RolloutRequest(suite=config.suite, policy=config.policy, noise=config.noise, workers=config.workers,
-                          group_size=config.group_size, episodes=episodes, difficulty=config.difficulty,
-                          templates=config.templates, run_id=run_id, model_dir=config.model_dir,
-                          episode=EpisodeConfig(som=config.som),
-                          temperature=train.temperature,
-                          min_version=min_version, seed=seed, everlasting=config.everlasting,
-                          curriculum=config.curriculum, curriculum_from=config.curriculum_from)
+    return replace(config.rollout, run_id=run_id, episodes=episodes, temperature=train.temperature,
+                   min_version=min_version, seed=seed)
 
 
 def _count(progress: RunProgress):
@@ -231,7 +212,7 @@ def _run_sync(settings, config: RunConfig, run_id: str, progress: RunProgress, d
             timer = threading.Timer(max(0.0, deadline - time.monotonic()), stop.set)
             timer.start()
             # a fresh pool each round: browsers built and torn down (a new task order too: seed)
-            request = _request(config, run_id, needed * config.group_size, version, seed=dispatched)
+            request = _request(config, run_id, needed * config.rollout.group_size, version, seed=dispatched)
             run_rollout(settings, request, False, stop, _count(progress))
             timer.cancel()
             dispatched += needed

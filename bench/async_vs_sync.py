@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 import typer
@@ -43,8 +44,9 @@ def main(minutes: float = 4.0, policy: str = "demo", noise: float = 0.5, workers
         try:
             settings = stack.settings().model_copy(update={"ledger_uri": str(Path(d) / "ledger")})
             for name, mode, everlasting in variants:
-                config = RunConfig(mode=mode, minutes=minutes, policy=policy, noise=noise, workers=workers,
-                                   group_size=2, everlasting=everlasting, log_dir=Path(d) / "runs",
+                rollout = replace(RunConfig().rollout, policy=policy, noise=noise, workers=workers,
+                                  everlasting=everlasting)
+                config = RunConfig(mode=mode, minutes=minutes, rollout=rollout, log_dir=Path(d) / "runs",
                                    train=TrainConfig(run_id="-", groups_per_update=2, dynamic_sampling=False))
                 with console.status(f"{name}: {minutes:g} min ..."):
                     summaries[name] = run_training(settings, config)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import typer
@@ -37,8 +38,8 @@ def main(minutes: float = 3.0, nproc: int = 1, policy: str = "demo", model_dir: 
         stack = LocalStack.up(Path(d) / "stack", durable=False)
         try:
             settings = stack.settings().model_copy(update={"ledger_uri": str(Path(d) / "ledger")})
-            config = RunConfig(mode="async", minutes=minutes, policy=policy, noise=0.5, workers=2, group_size=2,
-                               nproc=nproc, log_dir=Path(d) / "runs", model_dir=model_dir, suite=suite,
+            rollout = replace(RunConfig().rollout, policy=policy, noise=0.5, model_dir=model_dir, suite=suite)
+            config = RunConfig(mode="async", minutes=minutes, rollout=rollout, nproc=nproc, log_dir=Path(d) / "runs",
                                train=TrainConfig(run_id="-", groups_per_update=1, dynamic_sampling=False,
                                                  temperature=temperature))
             with console.status(f"recording: an async run of {minutes:g} min ..."):

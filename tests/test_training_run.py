@@ -3,6 +3,8 @@ writer together, updates the policy, and leaves the whole run in the ledger."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from analysis.ledger import connect
@@ -16,7 +18,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 @pytest.mark.parametrize("mode", ["sync"])
 def test_a_short_run_trains_and_reaches_the_ledger(settings, tmp_path, mode):
     settings = settings.model_copy(update={"ledger_uri": str(tmp_path / "ledger")})
-    config = RunConfig(mode=mode, minutes=1.0, policy="demo", noise=0.5, workers=2, group_size=2,
+    config = RunConfig(mode=mode, minutes=1.0, rollout=replace(RunConfig().rollout, policy="demo", noise=0.5),
                        train=TrainConfig(run_id="-", groups_per_update=1, dynamic_sampling=False),
                        log_dir=tmp_path / "runs")
     seen = []
