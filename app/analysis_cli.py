@@ -18,6 +18,7 @@ from datetime import date, datetime, timedelta
 from decimal import Decimal
 from enum import Enum
 from pathlib import Path
+from typing import Literal
 
 import duckdb
 import typer
@@ -25,6 +26,8 @@ from rich.console import Console
 from rich.table import Table
 
 console = Console()
+Filter = Literal["dynamic", "none", "raft"]
+"""`analysis.rebatch.Filter` (not imported: `--help` stays fast; tests/test_cli.py checks they agree)."""
 
 LEDGER = typer.Option(None, "--ledger", help="Ledger root (directory or s3://bucket/prefix); default: AWRL_LEDGER_URI.")
 JSON = typer.Option(False, "--json", help="Print JSON instead of a table.")
@@ -275,7 +278,7 @@ def lineage(
 def rebatch(
     run_id: str = typer.Argument(..., help="The training run."),
     eta: int = typer.Option(2, help="Counterfactual staleness bound."),
-    rule: str = typer.Option("dynamic", "--filter", help="dynamic (drop all-equal rewards), none, or raft."),
+    rule: Filter = typer.Option("dynamic", "--filter", help="dynamic (drop all-equal rewards), none, or raft."),
     png: Path = typer.Option(None, help="Also draw the staleness and advantage histograms here."),
     json: bool = JSON,
     ledger: str = LEDGER,

@@ -10,12 +10,20 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
+from typing import Literal
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
 from app.analysis_cli import register as register_analysis
+from schemas.observation import Difficulty, PolicyName, Split, SuiteName
+
+# Choices whose own types live in modules too heavy to import for `--help` (torch): tests/test_cli.py
+# checks that they equal `RunConfig.mode`, `TrainConfig.loss` and `GRPOConfig.normalizer`.
+Mode = Literal["async", "sync"]
+Loss = Literal["grpo", "raft"]
+Normalizer = Literal["per_trajectory", "constant", "token"]
 
 app = typer.Typer(help="AsyncWebRL: event-sourced asynchronous multi-step RL for visual web agents.",
                   no_args_is_help=True, pretty_exceptions_enable=False)
@@ -98,7 +106,7 @@ def _print_status(stack) -> bool:
 @app.command()
 def demo(
     data_dir: Path = DATA_DIR,
-    suite: str = typer.Option("miniwob", help="Task suite (Easy tasks): miniwob (learns on CPU) or sites."),
+    suite: SuiteName = typer.Option("miniwob", help="Task suite (Easy tasks): miniwob (learns on CPU) or sites."),
     demo_episodes: int = typer.Option(100, help="Oracle demonstration episodes for the SFT warm start."),
     sft_epochs: int = typer.Option(4),
     rl_minutes: float = typer.Option(5.0, help="Wall budget of the async RL stage."),
@@ -168,8 +176,8 @@ def ledger_sync(
 
 @app.command()
 def rollout(
-    suite: str = typer.Option("sites", help="Task suite: sites (our multi-page sites) or miniwob."),
-    policy: str = typer.Option("oracle", help="Policy backend: oracle, random, local, vllm, demo (oracle "
+    suite: SuiteName = typer.Option("sites", help="Task suite: sites (our multi-page sites), miniwob or boxes."),
+    policy: PolicyName = typer.Option("oracle", help="Policy backend: oracle, random, local, vllm, demo (oracle "
                                               "actions as the local model's tokens)."),
     noise: float = typer.Option(0.0, help="demo policy: probability of a random action per step."),
     workers: int = typer.Option(4, help="Browsers kept alive in this process."),
@@ -178,8 +186,8 @@ def rollout(
     forever: bool = typer.Option(False, help="Run until interrupted (overrides --episodes)."),
     dispatch: bool = typer.Option(True, help="Also dispatch task groups (off when a dispatcher runs elsewhere)."),
     som: bool = typer.Option(False, help="Set-of-Mark observations instead of pure pixels."),
-    split: str = typer.Option("train", help="Task split to dispatch: train or heldout."),
-    difficulty: str = typer.Option(None, help="Dispatch only easy, medium or hard tasks."),
+    split: Split = typer.Option("train", help="Task split to dispatch."),
+    difficulty: Difficulty | None = typer.Option(None, help="Dispatch only tasks of this difficulty."),
     run_id: str = typer.Option("", envvar="AWRL_RUN_ID", help="Run id (default: a new one)."),
     model_dir: Path = typer.Option(None, help="HF model directory for --policy local."),
     vllm_url: str = typer.Option(None, help="OpenAI-compatible vLLM server for --policy vllm."),
@@ -213,8 +221,8 @@ def train(
     run_id: str = typer.Option(..., envvar="AWRL_RUN_ID", help="The run whose groups to train on."),
     nproc: int = typer.Option(1, help="Trainer processes (torchrun --nproc_per_node)."),
     model_dir: Path = typer.Option(None, help="Initial HF model directory (default: the tiny VLM)."),
-    loss: str = typer.Option("grpo", help="grpo (decoupled PPO, group advantages) or raft (RAFT++)."),
-    normalizer: str = typer.Option("constant", help="Multi-step GRPO normaliser: constant, per_trajectory, token."),
+    loss: Loss = typer.Option("grpo", help="grpo (decoupled PPO, group advantages) or raft (RAFT++)."),
+    normalizer: Normalizer = typer.Option("constant", help="Multi-step GRPO normaliser: constant, per_trajectory, token."),
     groups_per_update: int = typer.Option(4, help="Task groups per optimizer step."),
     eta: int = typer.Option(2, help="Staleness bound in versions."),
     lr: float = typer.Option(1e-4),
@@ -264,11 +272,11 @@ def sft(
 
 @app.command("eval")
 def evaluate(
-    policy: str = typer.Option("local", help="Policy backend (see rollout)."),
+    policy: PolicyName = typer.Option("local", help="Policy backend (see rollout)."),
     model_dir: Path = typer.Option(None, help="HF model directory for --policy local."),
-    suite: str = typer.Option("sites"),
-    split: str = typer.Option("heldout"),
-    difficulty: str = typer.Option("easy"),
+    suite: SuiteName = typer.Option("sites"),
+    split: Split = typer.Option("heldout"),
+    difficulty: Difficulty | None = typer.Option("easy"),
     episodes: int = typer.Option(100),
     workers: int = typer.Option(2),
     som: bool = typer.Option(True, help="Set-of-Mark observations."),
@@ -285,11 +293,11 @@ def evaluate(
 
 @app.command("run")
 def training_run(
-    mode: str = typer.Option("async", help="async (AsyncWebRL) or sync (WebGym's schedule)."),
+    mode: Mode = typer.Option("async", help="async (AsyncWebRL) or sync (WebGym's schedule)."),
     minutes: float = typer.Option(10.0, help="Wall budget for rollout + training."),
-    suite: str = typer.Option("sites"),
-    difficulty: str = typer.Option("easy"),
-    policy: str = typer.Option("local", help="local (the model samples) or demo (oracle actions as its tokens)."),
+    suite: SuiteName = typer.Option("sites"),
+    difficulty: Difficulty | None = typer.Option("easy"),
+    policy: PolicyName = typer.Option("local", help="local (the model samples) or demo (oracle actions as its tokens)."),
     noise: float = typer.Option(0.0, help="demo policy: random-action probability."),
     model_dir: Path = typer.Option(None, help="Initial weights (e.g. `awrl sft`'s output)."),
     workers: int = typer.Option(2),

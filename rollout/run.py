@@ -9,6 +9,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import get_args
 from pathlib import Path
 
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
@@ -22,10 +23,10 @@ from rollout.dispatcher import Admission, dispatch, follow_trainer, task_stream
 from rollout.episode import EpisodeConfig
 from rollout.pool import PoolConfig, PoolStats, RolloutPool
 from rollout.types import Policy, Suite
-from schemas.observation import Task
+from schemas.observation import Difficulty, PolicyName, Split, SuiteName, Task
 
-SUITES = ("sites", "miniwob", "boxes")
-POLICIES = ("oracle", "random", "local", "vllm", "demo")
+SUITES: tuple[str, ...] = get_args(SuiteName)
+POLICIES: tuple[str, ...] = get_args(PolicyName)
 
 
 # make_suite and make_policy import each backend when it is chosen: a suite or policy brings heavy
@@ -84,16 +85,16 @@ def make_policy(name: str, suites: dict[str, Suite], model_dir: Path | None = No
 
 @dataclass(frozen=True)
 class RolloutRequest:
-    suite: str = "sites"
-    policy: str = "oracle"
+    suite: SuiteName = "sites"
+    policy: PolicyName = "oracle"
     workers: int = 4
     group_size: int = 4
     episodes: int | None = 16
     """Stop after this many episodes (rounded up to whole groups); None runs forever."""
     dispatch: bool = True
     """Also act as the dispatcher (one process); turn off when a separate dispatcher runs."""
-    split: str = "train"
-    difficulty: str | None = None
+    split: Split = "train"
+    difficulty: Difficulty | None = None
     """Dispatch only tasks of this difficulty (easy, medium, hard); None dispatches all."""
     templates: tuple[str, ...] | None = None
     """Dispatch only tasks of these templates; None dispatches all."""

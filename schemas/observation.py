@@ -13,6 +13,10 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 Difficulty = Literal["easy", "medium", "hard"]
+SuiteName = Literal["sites", "miniwob", "boxes"]
+Split = Literal["train", "heldout", "test"]
+PolicyName = Literal["oracle", "random", "local", "vllm", "demo"]
+"""The policy backends a rollout can use (`rollout.run.make_policy`)."""
 HORIZONS: dict[str, int] = {"easy": 10, "medium": 20, "hard": 30}
 """Step budget per difficulty (AsyncWebRL, arXiv 2606.05597); running out is an ordinary failure."""
 
@@ -23,7 +27,7 @@ class Task(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     task_id: str = Field(min_length=1)
-    suite: Literal["sites", "miniwob", "boxes"]
+    suite: SuiteName
     site: str = Field(min_length=1)
     """`shop`, `wiki`, `forms`, ... for our sites; the MiniWoB++ task name (e.g. `click-button`)."""
     template: str = Field(min_length=1)
@@ -34,7 +38,7 @@ class Task(BaseModel):
     start_path: str = Field(pattern=r"^/")
     """Path on the suite's local server where the episode starts."""
     seed: int = 0
-    split: Literal["train", "heldout", "test"] = "train"
+    split: Split = "train"
     """`heldout`: templates never trained on; `test`: unseen seeds of train templates (MiniWoB++'s
     usual protocol: a new utterance, layout and labels from the same generator)."""
     judge: dict[str, str | int | float | list[str]] = Field(default_factory=dict)

@@ -10,6 +10,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from trainer.losses import GRPOConfig, PPOConfig
 
+LossName = Literal["grpo", "raft"]
+
 
 class TrainConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -18,7 +20,7 @@ class TrainConfig(BaseModel):
     """The training run: the trainer consumes this run's groups and publishes its versions."""
     model_dir: Path | None = None
     """Initial HF model directory (version 0); None builds the project's tiny Qwen3-VL."""
-    loss: Literal["grpo", "raft"] = "grpo"
+    loss: LossName = "grpo"
     """`grpo`: decoupled PPO with group advantages; `raft`: RAFT++, successes only."""
     ppo: PPOConfig = PPOConfig()
     grpo: GRPOConfig = GRPOConfig()
