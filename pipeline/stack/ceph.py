@@ -188,73 +188,19 @@ def start_ceph_s3(
     d = Path(data_dir).resolve()
     d.mkdir(parents=True, exist_ok=True)
     deadline = time.monotonic() + timeout
-
-    def left() -> float:
-        return max(1.0, deadline - time.monotonic())
-
-    st = json.loads((d / _STATE).read_text()) if (d / _STATE).exists() else None
-    if st is not None and st["durable"] and not durable:
-        raise StackError(f"ceph: {d} holds a durable store; refusing to wipe it for a non-durable start")
-    fresh = st is None or not st["durable"]
-    if fresh:
-        for name in _OWNED:
-            p = d / name
-            shutil.rmtree(p) if p.is_dir() else p.unlink(missing_ok=True)
-        st = {
-            "fsid": str(uuid.uuid4()),
-            "osd_uuid": str(uuid.uuid4()),
-            "mon_port": _free_port_except(rgw_port),
-            "rgw_port": None,
-            "durable": durable,
-            "access_key": secrets.token_hex(10).upper(),
-            "secret_key": secrets.token_urlsafe(30),
-        }
-    else:
-        _ensure_port_free(st["mon_port"], f"ceph-mon (port is fixed in the monmap of {d})")
-    if rgw_port is not None:
-        _ensure_port_free(rgw_port, "s3 (radosgw)")
-    else:
-        # Keep the previous endpoint across restarts when we can; it is not baked in anywhere.
-        rgw_port = st["rgw_port"]
-        if rgw_port is None or not _port_free(rgw_port):
-            rgw_port = _free_port_except(st["mon_port"])
-
+    st, fresh = _state(d, durable, rgw_port)
+    rgw_port = _rgw_port(st, rgw_port)
     conf = d / "ceph.conf"
     conf.write_text(_conf(d, st, rgw_port))
     for sub in ("mon", "osd0", "rgw", "run", "log"):
         (d / sub).mkdir(exist_ok=True)
-    c = ["-c", str(conf)]
-    user = ["--setuser", "root", "--setgroup", "root"] if os.geteuid() == 0 else []
-    ceph = [bins["ceph"], *c, "--connect-timeout", "10"]
-
+    as_root = ["--setuser", "root", "--setgroup", "root"] if os.geteuid() == 0 else []
+    cluster = _Cluster(bins, d, ["-c", str(conf)], as_root, deadline)
     if fresh:
-        _run([bins["ceph-authtool"], "--create-keyring", str(d / "keyring"), "--gen-key", "-n", "mon.",
-              "--cap", "mon", "allow *"], "ceph-authtool", left())
-        _run([bins["monmaptool"], "--create", "--fsid", st["fsid"], "--addv", "a",
-              f"[v2:127.0.0.1:{st['mon_port']}]", str(d / "monmap")], "monmaptool", left())
-        _run([bins["ceph-mon"], *c, "--mkfs", "-i", "a", "--monmap", str(d / "monmap"),
-              "--keyring", str(d / "keyring"), *user], "ceph-mon --mkfs", left())
-
+        cluster.make_monitor(st)
     procs: list[ServiceProc] = []
     try:
-        log = d / "log" / "ceph-mon.out"
-        procs.append(spawn("ceph-mon", [bins["ceph-mon"], "-f", *c, "-i", "a", *user], log, st["mon_port"]))
-        wait_until(lambda: port_open(st["mon_port"]), "ceph-mon", left(), procs[-1], log)
-        if fresh:
-            _run([*ceph, "osd", "new", st["osd_uuid"], "0"], "ceph osd new", left())
-            _run([bins["ceph-osd"], *c, "-i", "0", "--mkfs", "--osd-uuid", st["osd_uuid"], *user],
-                 "ceph-osd --mkfs", left())
-        log = d / "log" / "ceph-osd.out"
-        procs.append(spawn("ceph-osd", [bins["ceph-osd"], "-f", *c, "-i", "0", *user], log))
-        wait_until(lambda: _osd_up(ceph), "ceph-osd up", left(), procs[-1], log)
-        log = d / "log" / "radosgw.out"
-        procs.append(spawn("s3", [bins["radosgw"], "-f", *c, "-n", "client.rgw.a", *user], log, rgw_port))
-        creds = S3Credentials(f"127.0.0.1:{rgw_port}", st["access_key"], st["secret_key"])
-        wait_until(lambda: s3_healthy(creds), "radosgw HTTP", left(), procs[-1], log)
-        if fresh:
-            _run([bins["radosgw-admin"], *c, "user", "create", f"--uid={_S3_USER}", f"--display-name={_S3_USER}",
-                  f"--access-key={st['access_key']}", f"--secret-key={st['secret_key']}"],
-                 "radosgw-admin user create", left())
+        creds = cluster.start_daemons(st, fresh, rgw_port, procs)
         if fresh or st["rgw_port"] != rgw_port:
             _write_state(d, {**st, "rgw_port": rgw_port})
     except BaseException:
@@ -263,4 +209,84 @@ def start_ceph_s3(
             stop(p)
         raise
     return creds, procs
+
+
+def _state(d: Path, durable: bool, rgw_port: int | None) -> tuple[dict, bool]:
+    """The cluster's recorded state and whether it is created anew (then `d` is wiped and new keys drawn)."""
+    st = json.loads((d / _STATE).read_text()) if (d / _STATE).exists() else None
+    if st is not None and st["durable"] and not durable:
+        raise StackError(f"ceph: {d} holds a durable store; refusing to wipe it for a non-durable start")
+    if st is not None and st["durable"]:
+        _ensure_port_free(st["mon_port"], f"ceph-mon (port is fixed in the monmap of {d})")
+        return st, False
+    for name in _OWNED:
+        p = d / name
+        shutil.rmtree(p) if p.is_dir() else p.unlink(missing_ok=True)
+    return {
+        "fsid": str(uuid.uuid4()),
+        "osd_uuid": str(uuid.uuid4()),
+        "mon_port": _free_port_except(rgw_port),
+        "rgw_port": None,
+        "durable": durable,
+        "access_key": secrets.token_hex(10).upper(),
+        "secret_key": secrets.token_urlsafe(30),
+    }, True
+
+
+def _rgw_port(st: dict, asked: int | None) -> int:
+    if asked is not None:
+        _ensure_port_free(asked, "s3 (radosgw)")
+        return asked
+    # Keep the previous endpoint across restarts when we can; it is not baked in anywhere.
+    port = st["rgw_port"]
+    return port if port is not None and _port_free(port) else _free_port_except(st["mon_port"])
+
+
+@dataclass
+class _Cluster:
+    """The commands of one cluster directory, within one start-up deadline."""
+
+    bins: dict[str, str]
+    d: Path
+    conf: list[str]
+    """`-c ceph.conf`."""
+    user: list[str]
+    """Run the daemons as root when we are root (Ceph drops to the `ceph` user otherwise)."""
+    deadline: float
+
+    def left(self) -> float:
+        return max(1.0, self.deadline - time.monotonic())
+
+    def make_monitor(self, st: dict) -> None:
+        b, d = self.bins, self.d
+        _run([b["ceph-authtool"], "--create-keyring", str(d / "keyring"), "--gen-key", "-n", "mon.",
+              "--cap", "mon", "allow *"], "ceph-authtool", self.left())
+        _run([b["monmaptool"], "--create", "--fsid", st["fsid"], "--addv", "a",
+              f"[v2:127.0.0.1:{st['mon_port']}]", str(d / "monmap")], "monmaptool", self.left())
+        _run([b["ceph-mon"], *self.conf, "--mkfs", "-i", "a", "--monmap", str(d / "monmap"),
+              "--keyring", str(d / "keyring"), *self.user], "ceph-mon --mkfs", self.left())
+
+    def start_daemons(self, st: dict, fresh: bool, rgw_port: int, procs: list[ServiceProc]) -> S3Credentials:
+        """mon, then OSD (created first if `fresh`), then radosgw and its S3 user; each appended to
+        `procs` as soon as it runs, so the caller can stop them if a later one fails."""
+        b, c, user, logs = self.bins, self.conf, self.user, self.d / "log"
+        ceph = [b["ceph"], *c, "--connect-timeout", "10"]
+        procs.append(spawn("ceph-mon", [b["ceph-mon"], "-f", *c, "-i", "a", *user], logs / "ceph-mon.out",
+                           st["mon_port"]))
+        wait_until(lambda: port_open(st["mon_port"]), "ceph-mon", self.left(), procs[-1], logs / "ceph-mon.out")
+        if fresh:
+            _run([*ceph, "osd", "new", st["osd_uuid"], "0"], "ceph osd new", self.left())
+            _run([b["ceph-osd"], *c, "-i", "0", "--mkfs", "--osd-uuid", st["osd_uuid"], *user],
+                 "ceph-osd --mkfs", self.left())
+        procs.append(spawn("ceph-osd", [b["ceph-osd"], "-f", *c, "-i", "0", *user], logs / "ceph-osd.out"))
+        wait_until(lambda: _osd_up(ceph), "ceph-osd up", self.left(), procs[-1], logs / "ceph-osd.out")
+        procs.append(spawn("s3", [b["radosgw"], "-f", *c, "-n", "client.rgw.a", *user], logs / "radosgw.out",
+                           rgw_port))
+        creds = S3Credentials(f"127.0.0.1:{rgw_port}", st["access_key"], st["secret_key"])
+        wait_until(lambda: s3_healthy(creds), "radosgw HTTP", self.left(), procs[-1], logs / "radosgw.out")
+        if fresh:
+            _run([b["radosgw-admin"], *c, "user", "create", f"--uid={_S3_USER}", f"--display-name={_S3_USER}",
+                  f"--access-key={st['access_key']}", f"--secret-key={st['secret_key']}"],
+                 "radosgw-admin user create", self.left())
+        return creds
 
