@@ -55,6 +55,9 @@ class LearningConfig:
     warm_start: Path | None = None
     """An SFT model to start RL from: skips the demonstrations and SFT (a control run reuses the warm
     start of the run it controls)."""
+    sft_measured_by: str | None = None
+    """A run with the same `warm_start` whose SFT evaluation stands for this one: it is not measured
+    again, and the curriculum starts from its outcomes (a sweep's arms share one)."""
     sft_epochs: int = 3
     sft_lr: float = 1e-3
     sft_batch_steps: int = 4
@@ -168,7 +171,8 @@ def run_learning(settings: StackSettings, config: LearningConfig,
         else:
             measure("untrained", ensure_tiny_vlm(), 0, 0.0)
             sft_dir, sft_s = _warm_start(settings, config, run_id, curve, say)
-        measure("sft", sft_dir, 0, sft_s)
+        if config.sft_measured_by is None:
+            measure("sft", sft_dir, 0, sft_s)
 
         say(f"[3/3] async RL for {config.rl_minutes:g} min from the SFT policy")
         train = (config.train or RL_TRAIN).model_copy(update={"run_id": run_id, "temperature": config.temperature})
@@ -177,7 +181,8 @@ def run_learning(settings: StackSettings, config: LearningConfig,
         rollout = RolloutRequest(
             suite=config.suite, difficulty=config.difficulty, templates=templates, policy="local", model_dir=sft_dir,
             workers=config.workers, group_size=config.group_size, episode=EpisodeConfig(som=True),
-            curriculum=config.curriculum, curriculum_from=(f"{run_id}-eval-sft",))
+            curriculum=config.curriculum,
+            curriculum_from=(f"{config.sft_measured_by or run_id}-eval-sft",))
         curve.rl = run_training(settings, RunConfig(mode="async", minutes=config.rl_minutes, rollout=rollout,
                                                     train=train, run_id=run_id, log_dir=out / "logs"),
                                 on_progress=_rl_progress(say))

@@ -1,0 +1,119 @@
+"""RL over SFT on MiniWoB++, side by side: several RL configurations from one shared warm start.
+
+    .venv/bin/python bench/miniwob_sweep.py [--rl-minutes 6] [--eval-episodes 200] [--arms demo,no-curriculum]
+
+One fresh local stack. The first arm runs the whole learning loop (untrained evaluation, oracle
+demonstrations, SFT, the SFT evaluation, async RL, the RL evaluation); every later arm starts RL from
+the same SFT model and is compared with the same SFT point (`LearningConfig.sft_measured_by`), so the
+arms differ only in their RL configuration. Prints each arm's RL-over-SFT difference with its
+two-proportion z and writes bench/out/miniwob_sweep.json and bench/out/miniwob_sweep.png.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+console = Console()
+OUT = Path(__file__).parent / "out"
+
+
+def arms():
+    from app.learning import RL_TRAIN
+
+    return {
+        "demo": {},  # make demo's RL: 2 groups a version, 2 epochs, lr 1e-4, curriculum on
+        "no-curriculum": {"curriculum": None},
+        "bigger-batch": {"train": RL_TRAIN.model_copy(update={"groups_per_update": 4, "minibatches": 2})},
+        "lr-2e-4": {"train": RL_TRAIN.model_copy(update={"lr": 2e-4})},
+    }
+
+
+def main(rl_minutes: float = 6.0, eval_episodes: int = 200, demo_episodes: int = 100, sft_epochs: int = 4,
+         arm_names: str = typer.Option("demo,no-curriculum,bigger-batch", "--arms")) -> None:
+    from app.learning import LearningConfig, run_learning
+    from pipeline.stack.local import LocalStack
+
+    chosen = arm_names.split(",")
+    table = arms()
+    results = {}
+    with tempfile.TemporaryDirectory() as d:
+        stack = LocalStack.up(Path(d) / "stack", durable=False)
+        try:
+            settings = stack.settings().model_copy(update={"ledger_uri": str(Path(d) / "ledger")})
+            base = LearningConfig(suite="miniwob", demo_episodes=demo_episodes, sft_epochs=sft_epochs,
+                                  rl_minutes=rl_minutes, eval_episodes=eval_episodes, out_dir=Path(d) / "learning")
+            first = None
+            for name in chosen:
+                config = replace(base, run_id=f"sweep-{name}", **table[name])
+                if first is not None:
+                    config = replace(config, warm_start=base.out_dir / first.run_id / "sft",
+                                     sft_measured_by=first.run_id)
+                console.rule(f"arm {name}")
+                curve = run_learning(settings, config, say=console.print)
+                first = first or curve
+                results[name] = curve
+        finally:
+            stack.down()
+    _report(results, first, rl_minutes, eval_episodes)
+
+
+def _report(results, first, rl_minutes: float, eval_episodes: int) -> None:
+    sft = first.point("sft")
+    out = {"rl_minutes": rl_minutes, "eval_episodes": eval_episodes,
+           "sft": {"successes": sft.successes, "episodes": sft.episodes}, "arms": {}}
+    table = Table(title=f"MiniWoB++ test split, {eval_episodes} episodes a point, RL {rl_minutes:g} min a arm")
+    for c in ["arm", "SFT", "RL", "RL - SFT", "z", "RL episodes", "versions", "dropped", "trainer idle"]:
+        table.add_column(c, justify="right")
+    for name, curve in results.items():
+        rl = curve.point("rl")
+        diff, z = _two_proportion(sft, rl)
+        out["arms"][name] = {"successes": rl.successes, "episodes": rl.episodes, "diff": diff, "z": z,
+                             "rl_episodes": curve.rl.episodes, "versions": curve.rl.version,
+                             "trainer_idle": curve.rl.trainer_idle}
+        table.add_row(name, f"{sft.rate:.3f}", f"{rl.rate:.3f}", f"{diff:+.3f}", f"{z:.2f}", str(curve.rl.episodes),
+                      str(curve.rl.version), str(curve.rl.groups_dropped), f"{curve.rl.trainer_idle:.0%}")
+    console.print(table)
+    OUT.mkdir(exist_ok=True)
+    (OUT / "miniwob_sweep.json").write_text(json.dumps(out, indent=2))
+    _plot(out, OUT / "miniwob_sweep.png")
+
+
+def _two_proportion(a, b) -> tuple[float, float]:
+    """Difference b - a of two success rates and its pooled two-proportion z statistic."""
+    diff = b.rate - a.rate
+    pooled = (a.successes + b.successes) / max(a.episodes + b.episodes, 1)
+    se = math.sqrt(max(pooled * (1 - pooled) * (1 / max(a.episodes, 1) + 1 / max(b.episodes, 1)), 1e-12))
+    return diff, diff / se
+
+
+def _plot(out: dict, path: Path) -> None:
+    from matplotlib.figure import Figure
+
+    from rollout.evaluate import wilson_interval
+
+    names = ["sft", *out["arms"]]
+    points = [out["sft"], *out["arms"].values()]
+    rates = [p["successes"] / p["episodes"] for p in points]
+    cis = [wilson_interval(p["successes"], p["episodes"]) for p in points]
+    fig = Figure(figsize=(7, 3.5))
+    ax = fig.subplots()
+    ax.errorbar(range(len(names)), rates, yerr=[[r - lo for r, (lo, _) in zip(rates, cis)],
+                                                [hi - r for r, (_, hi) in zip(rates, cis)]], fmt="o", capsize=4)
+    ax.axhline(rates[0], color="grey", lw=0.8, ls="--")
+    ax.set_xticks(range(len(names)), names)
+    ax.set_ylabel("held-out success (95% CI)")
+    ax.set_title(f"MiniWoB++: RL arms from one SFT model, {out['eval_episodes']} episodes a point")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+if __name__ == "__main__":
+    typer.run(main)
