@@ -1,6 +1,6 @@
 """RL over SFT on MiniWoB++, side by side: several RL configurations from one shared warm start.
 
-    .venv/bin/python bench/miniwob_sweep.py [--rl-minutes 6] [--eval-episodes 200] [--arms demo,no-curriculum]
+    .venv/bin/python bench/miniwob_sweep.py [--rl-minutes 6] [--eval-episodes 200] [--arms demo,raft,lr-5e-5]
 
 One fresh local stack. The first arm runs the whole learning loop (untrained evaluation, oracle
 demonstrations, SFT, the SFT evaluation, async RL, the RL evaluation); every later arm starts RL from
@@ -33,11 +33,13 @@ def arms():
         "no-curriculum": {"curriculum": None},
         "bigger-batch": {"train": RL_TRAIN.model_copy(update={"groups_per_update": 4, "minibatches": 2})},
         "lr-2e-4": {"train": RL_TRAIN.model_copy(update={"lr": 2e-4})},
+        "lr-5e-5": {"train": RL_TRAIN.model_copy(update={"lr": 5e-5})},
+        "raft": {"train": RL_TRAIN.model_copy(update={"loss": "raft"})},  # RAFT++: successes only, no push-down
     }
 
 
 def main(rl_minutes: float = 6.0, eval_episodes: int = 200, demo_episodes: int = 100, sft_epochs: int = 4,
-         arm_names: str = typer.Option("demo,no-curriculum,bigger-batch", "--arms")) -> None:
+         arm_names: str = typer.Option("demo,raft,lr-5e-5", "--arms")) -> None:
     from app.learning import LearningConfig, run_learning
     from pipeline.stack.local import LocalStack
 
