@@ -78,7 +78,7 @@ def worker(batch_path: str, mode: str, reps: int, out_path: str) -> None:
     from pipeline.settings import StackSettings
     from pipeline.store import ScreenshotStore
     from trainer.config import TrainConfig
-    from trainer.train import _all_reduce_gradients
+    from trainer.update import all_reduce_gradients
     from trainer.update import Scorer, accumulate_gradients, flatten, proximal_logprobs, shard
 
     torch.set_num_threads(1)  # two ranks share two cores
@@ -107,7 +107,7 @@ def worker(batch_path: str, mode: str, reps: int, out_path: str) -> None:
         for m, (_, n) in enumerate(flat):
             optimizer.zero_grad()
             accumulate_gradients(scorer, mine[m], n, 0, config, proximal[m] if proximal else None)
-            _all_reduce_gradients(model, world)
+            all_reduce_gradients(model, world)
             optimizer.step()
         dist.barrier()
         times.append(time.perf_counter() - t0)

@@ -12,7 +12,7 @@ import torch.distributed as dist
 from model.inputs import suppressed_token_ids
 from model.tiny_vlm import ensure_tiny_vlm, load_tiny_vlm
 from trainer.config import TrainConfig
-from trainer.train import _all_reduce_gradients
+from trainer.update import all_reduce_gradients
 from trainer.update import Scorer, accumulate_gradients, flatten, shard
 
 dist.init_process_group("gloo")
@@ -25,7 +25,7 @@ model.train()
 samples, trajectories = flatten(batch)
 scorer = Scorer(model, tokenizer, image_processor, suppressed_token_ids(tokenizer), images.__getitem__)
 accumulate_gradients(scorer, shard(samples, rank, world), trajectories, 0, TrainConfig(run_id="run"))
-_all_reduce_gradients(model, world)
+all_reduce_gradients(model, world)
 if rank == 0:
     torch.save(torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
                           for p in model.parameters()]), sys.argv[2])

@@ -44,7 +44,15 @@ from pipeline.topics import TRAINER
 from schemas import GroupDropped, PolicyVersionPublished, UpdateApplied
 from trainer.batch import BatchBuilder
 from trainer.config import TrainConfig
-from trainer.update import Scorer, flatten, optimizer_step, proximal_logprobs, shard, update_stats
+from trainer.update import (
+    Scorer,
+    all_reduce_gradients,
+    flatten,
+    optimizer_step,
+    proximal_logprobs,
+    shard,
+    update_stats,
+)
 
 log = logging.getLogger("awrl.trainer")
 
@@ -154,7 +162,7 @@ def _train_batch(t: _Trainer, batch: list, wait_s: float) -> list[UpdateApplied]
     for i, m in enumerate(plan):
         t0 = time.perf_counter()
         step = optimizer_step(t.scorer, t.optimizer, config, t.update_step, [mine[m]], flat[m][1], t.version,
-                              [proximal[m]] if proximal else None, lambda model: _all_reduce_gradients(model, t.world))
+                              [proximal[m]] if proximal else None, lambda model: all_reduce_gradients(model, t.world))
         time.sleep(config.slow_s)
         loss, stats = _gather_stats(step.loss, step.tokens[0], config, t.leader)
         compute_s = time.perf_counter() - t0
@@ -192,19 +200,6 @@ def _resume_state(settings: StackSettings, run_id: str) -> tuple[PolicyVersionPu
     skip = {g for e in events if isinstance(e, UpdateApplied) and e.event_id in committed_updates for g in e.group_ids}
     skip |= {e.group_id for e in events if isinstance(e, GroupDropped)}
     return max(published, key=lambda e: e.version, default=None), skip
-
-
-def _all_reduce_gradients(model: torch.nn.Module, world: int) -> None:
-    """Sum gradients over ranks in one flat buffer (parameters a rank did not use count as zero)."""
-    if world == 1:
-        return
-    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in model.parameters()]
-    flat = torch.cat([g.reshape(-1) for g in grads])
-    dist.all_reduce(flat, op=dist.ReduceOp.SUM)
-    offset = 0
-    for p, g in zip(model.parameters(), grads):
-        p.grad = flat[offset:offset + g.numel()].view_as(g).clone()
-        offset += g.numel()
 
 
 def _gather_stats(shard_loss: float, tokens: dict, config: TrainConfig, leader: bool) -> tuple[float, dict]:

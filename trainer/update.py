@@ -20,6 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 
 from model.inputs import forward_log_softmax, inputs_from_ids
 from trainer.batch import TrainGroup
@@ -201,6 +202,19 @@ def optimizer_step(scorer: Scorer, optimizer: torch.optim.Optimizer, config: Tra
     grad_norm = torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm).item()
     optimizer.step()
     return StepResult(lr, loss, tokens, grad_norm)
+
+
+def all_reduce_gradients(model: torch.nn.Module, world: int) -> None:
+    """Sum gradients over ranks in one flat buffer (parameters a rank did not use count as zero)."""
+    if world == 1:
+        return
+    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in model.parameters()]
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+    offset = 0
+    for p, g in zip(model.parameters(), grads):
+        p.grad = flat[offset:offset + g.numel()].view_as(g).clone()
+        offset += g.numel()
 
 
 def set_lr(optimizer: torch.optim.Optimizer, config: TrainConfig, update_step: int) -> float:
