@@ -78,8 +78,7 @@ def worker(batch_path: str, mode: str, reps: int, out_path: str) -> None:
     from pipeline.settings import StackSettings
     from pipeline.store import ScreenshotStore
     from trainer.config import TrainConfig
-    from trainer.update import all_reduce_gradients
-    from trainer.update import Scorer, accumulate_gradients, flatten, proximal_logprobs, shard
+    from trainer.update import Scorer, accumulate_gradients, all_reduce_gradients, flatten, proximal_logprobs, shard
 
     torch.set_num_threads(1)  # two ranks share two cores
     dist.init_process_group("gloo")

@@ -12,8 +12,7 @@ import torch.distributed as dist
 from model.inputs import suppressed_token_ids
 from model.tiny_vlm import ensure_tiny_vlm, load_tiny_vlm
 from trainer.config import TrainConfig
-from trainer.update import all_reduce_gradients
-from trainer.update import Scorer, accumulate_gradients, flatten, shard
+from trainer.update import Scorer, accumulate_gradients, all_reduce_gradients, flatten, shard
 
 dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
