@@ -9,8 +9,8 @@ import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import get_args
 from pathlib import Path
+from typing import get_args
 
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import typer
 
+from analysis.rebatch import Admission
 from app import analysis_cli, cli
 from app.training import RunConfig
-from analysis.rebatch import Admission
 from rollout.evaluate import evaluate
 from rollout.run import RolloutRequest
 from trainer.config import TrainConfig

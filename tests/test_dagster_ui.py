@@ -19,7 +19,6 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-
 from test_assets import ASSETS, RUN, write_sample_run
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]

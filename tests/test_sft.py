@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import uuid
 
+from test_train_resume import publish_groups
+
 from pipeline.ledger import LedgerWriter
 from pipeline.store import ScreenshotStore
 from rollout.policy.local import LocalPolicy
-from test_train_resume import publish_groups
 from trainer.sft import SFTConfig, demonstrations, train_sft
 
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from rollout.suites.sites import forms
-from rollout.suites.sites.world import CATEGORIES, BRANDS, Country, Product, world
+from rollout.suites.sites.world import BRANDS, CATEGORIES, Country, Product, world
 
 Step = dict[str, str]
 
