@@ -253,7 +253,7 @@ def _broad_words() -> list[str]:
     """English words from the quoted strings of MiniWoB++'s task pages (a pinned dependency, so the
     list, hence the tokenizer, is reproducible): names, cities, e-mail and form text."""
     try:
-        import miniwob
+        import miniwob  # here: only building the tokenizer reads it, and a model-only install may lack it
     except ImportError:
         return []
     counts: dict[str, int] = {}
