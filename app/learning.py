@@ -176,8 +176,8 @@ def run_learning(settings: StackSettings, config: LearningConfig,
 
         say(f"[3/3] async RL for {config.rl_minutes:g} min from the SFT policy")
         train = (config.train or RL_TRAIN).model_copy(update={"run_id": run_id, "temperature": config.temperature})
-        if config.curriculum is not None:
-            LedgerWriter(settings).sync(idle_exit_s=3.0)  # the curriculum starts from the SFT evaluation
+        if config.curriculum is not None and config.sft_measured_by is None:
+            LedgerWriter(settings).sync(idle_exit_s=3.0)  # the curriculum starts from this SFT evaluation
         rollout = RolloutRequest(
             suite=config.suite, difficulty=config.difficulty, templates=templates, policy="local", model_dir=sft_dir,
             workers=config.workers, group_size=config.group_size, episode=EpisodeConfig(som=True),

@@ -13,7 +13,6 @@ bench/out/learning.json and bench/out/learning-curve.png. The curve is also in t
 from __future__ import annotations
 
 import json
-import math
 import shutil
 import tempfile
 from pathlib import Path
@@ -21,6 +20,8 @@ from pathlib import Path
 import typer
 from rich.console import Console
 from rich.table import Table
+
+from rollout.evaluate import two_proportion_z
 
 console = Console()
 OUT = Path(__file__).parent / "out"
@@ -57,18 +58,10 @@ def main(suite: str = "miniwob", demo_episodes: int = 200, sft_epochs: int = 5, 
     for name, a, b in (("sft+rl over untrained", "untrained", "rl"), ("sft over untrained", "untrained", "sft"),
                        ("rl over sft", "sft", "rl")):
         if a in pts and b in pts:
-            diff, z = _two_proportion(pts[a], pts[b])
+            diff, z = two_proportion_z(pts[a].successes, pts[a].episodes, pts[b].successes, pts[b].episodes)
             record["differences"][name] = {"diff": diff, "z": z}
             console.print(f"{name}: {diff:+.3f} absolute (z = {z:.2f})")
     (OUT / "learning.json").write_text(json.dumps(record, indent=2))
-
-
-def _two_proportion(a, b) -> tuple[float, float]:
-    """Difference b - a of two success rates and its pooled two-proportion z statistic."""
-    diff = b.rate - a.rate
-    pooled = (a.successes + b.successes) / max(a.episodes + b.episodes, 1)
-    se = math.sqrt(max(pooled * (1 - pooled) * (1 / max(a.episodes, 1) + 1 / max(b.episodes, 1)), 1e-12))
-    return diff, diff / se
 
 
 if __name__ == "__main__":

@@ -12,7 +12,6 @@ two-proportion z and writes bench/out/miniwob_sweep.json and bench/out/miniwob_s
 from __future__ import annotations
 
 import json
-import math
 import tempfile
 from dataclasses import replace
 from pathlib import Path
@@ -20,6 +19,8 @@ from pathlib import Path
 import typer
 from rich.console import Console
 from rich.table import Table
+
+from rollout.evaluate import two_proportion_z
 
 console = Console()
 OUT = Path(__file__).parent / "out"
@@ -76,7 +77,7 @@ def _report(results, first, rl_minutes: float, eval_episodes: int) -> None:
         table.add_column(c, justify="right")
     for name, curve in results.items():
         rl = curve.point("rl")
-        diff, z = _two_proportion(sft, rl)
+        diff, z = two_proportion_z(sft.successes, sft.episodes, rl.successes, rl.episodes)
         out["arms"][name] = {"successes": rl.successes, "episodes": rl.episodes, "diff": diff, "z": z,
                              "rl_episodes": curve.rl.episodes, "versions": curve.rl.version,
                              "trainer_idle": curve.rl.trainer_idle}
@@ -88,18 +89,10 @@ def _report(results, first, rl_minutes: float, eval_episodes: int) -> None:
     _plot(out, OUT / "miniwob_sweep.png")
 
 
-def _two_proportion(a, b) -> tuple[float, float]:
-    """Difference b - a of two success rates and its pooled two-proportion z statistic."""
-    diff = b.rate - a.rate
-    pooled = (a.successes + b.successes) / max(a.episodes + b.episodes, 1)
-    se = math.sqrt(max(pooled * (1 - pooled) * (1 / max(a.episodes, 1) + 1 / max(b.episodes, 1)), 1e-12))
-    return diff, diff / se
-
-
 def _plot(out: dict, path: Path) -> None:
     from matplotlib.figure import Figure
 
-    from rollout.evaluate import wilson_interval
+    from rollout.evaluate import wilson_interval  # with matplotlib: only when drawing
 
     names = ["sft", *out["arms"]]
     points = [out["sft"], *out["arms"].values()]

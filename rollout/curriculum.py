@@ -109,7 +109,6 @@ class Curriculum(Iterator[Task]):
             return next(self._streams[family])
 
 
-
 def seed_from_ledger(curriculum: Curriculum, settings: StackSettings, run_ids: Iterable[str]) -> int:
     """Record the outcomes the ledger holds for `run_ids` (earlier runs of this policy); their count."""
     n = 0

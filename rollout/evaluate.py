@@ -27,6 +27,14 @@ def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, flo
     return max(0.0, centre - half), min(1.0, centre + half)
 
 
+def two_proportion_z(a_successes: int, a_n: int, b_successes: int, b_n: int) -> tuple[float, float]:
+    """The difference b - a of two success rates and its pooled two-proportion z statistic."""
+    pa, pb = a_successes / max(a_n, 1), b_successes / max(b_n, 1)
+    pooled = (a_successes + b_successes) / max(a_n + b_n, 1)
+    se = math.sqrt(max(pooled * (1 - pooled) * (1 / max(a_n, 1) + 1 / max(b_n, 1)), 1e-12))
+    return pb - pa, (pb - pa) / se
+
+
 @dataclass(frozen=True)
 class EvalResult:
     run_id: str
