@@ -129,6 +129,7 @@ def run_training(settings: StackSettings, config: RunConfig, on_progress=None) -
     env = {**os.environ, **settings.environ()}
     train = (config.train or TrainConfig(run_id=run_id)).model_copy(update={
         "run_id": run_id, "model_dir": config.rollout.model_dir, "eta": config.eta if config.mode == "async" else 0})
+    config = replace(config, run_id=run_id, train=train)  # the schedules below read the resolved config
     progress, stop = RunProgress(), threading.Event()
     producer = EventProducer(settings, client_id="run")
     watcher = threading.Thread(target=follow, args=(settings, TRAINER, run_id, progress.on_trainer_event, stop, producer),
@@ -171,9 +172,8 @@ def _cpu_seconds(pid: int) -> float | None:
 
 def _request(config: RunConfig, run_id: str, episodes: int | None, min_version: int = 0,
              seed: int = 0) -> RolloutRequest:
-    train = config.train or TrainConfig(run_id=run_id)
     # The pool samples at the temperature the trainer scores at: the behaviour distribution is one.
-    return replace(config.rollout, run_id=run_id, episodes=episodes, temperature=train.temperature,
+    return replace(config.rollout, run_id=run_id, episodes=episodes, temperature=config.train.temperature,
                    min_version=min_version, seed=seed)
 
 
@@ -194,14 +194,14 @@ def _run_async(settings, config: RunConfig, run_id: str, progress: RunProgress, 
     timer = threading.Timer(max(0.0, deadline - time.monotonic()), stop.set)
     timer.start()
     try:
-        budget = StalenessBudget(config.eta, (config.train or TrainConfig(run_id=run_id)).groups_per_update)
+        budget = StalenessBudget(config.eta, config.train.groups_per_update)
         run_rollout(settings, _request(config, run_id, None), False, stop, _count(progress), admission=budget)
     finally:
         timer.cancel()
 
 
 def _run_sync(settings, config: RunConfig, run_id: str, progress: RunProgress, deadline: float, trainer) -> None:
-    batch = (config.train or TrainConfig(run_id=run_id)).groups_per_update
+    batch = config.train.groups_per_update
     dispatched = 0
     while time.monotonic() < deadline and trainer.poll() is None:
         version = progress.version
