@@ -29,7 +29,7 @@ def test_demo_runs_on_the_running_stack(stack, tmp_path):
     assert len(list((tmp_path / ".awrl" / "learning").glob("*/curve.png"))) == 1
     run_id = next((tmp_path / ".awrl" / "learning").glob("*/curve.json")).parent.name
     con = connect(stack.settings())
-    stages = con.execute("select stage from evaluations where run_id = $r order by train_s", {"r": run_id}).fetchall()
+    stages = con.execute("select stage from evaluations where run_id = $r order by train_s, evaluated_at", {"r": run_id}).fetchall()
     assert [s for (s,) in stages] == ["untrained", "sft", "rl"]
     (rl_episodes,) = con.execute("select count(*) from trajectories where run_id = $r", {"r": run_id}).fetchone()
     assert rl_episodes > 0, "the async RL stage ran no episode"

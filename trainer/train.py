@@ -117,7 +117,9 @@ def _start(config: TrainConfig, settings: StackSettings, device: torch.device) -
     """Resume from the run's last published version (weights and optimizer state), or start at version 0."""
     rank, world = dist.get_rank(), dist.get_world_size()
     if rank == 0:
-        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s", stream=sys.stdout)
+        # the trainer's own lines at INFO; libraries (the Kafka client) only when they warn
+        logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s", stream=sys.stdout)
+        log.setLevel(logging.INFO)
         log.info("%d process(es) on %s; config %s", world, device, config.model_dump_json())
     checkpoints = CheckpointStore.from_settings(settings)
     resume = [_resume_state(settings, config.run_id) if rank == 0 else None]
