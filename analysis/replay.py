@@ -7,7 +7,7 @@ batch (the `UpdateApplied` events sharing a `version_before`):
   `GroupCompleted` events by the trainer's own fold (`trainer.batch.GroupAssembler`);
 - the start: the checkpoint of `version_before` and the optimizer state stored beside it;
 - the config: the recorded `config_json`, optionally with `overrides` (a variant);
-- the maths: the trainer's own `flatten`, `shard`, `proximal_logprobs` and `optimizer_step` (one
+- the maths: the trainer's own `flatten`, `shard`, `response_logprobs` and `optimizer_step` (one
   function for both). The recorded world size is emulated: each rank's shard is accumulated alone,
   then the ranks' gradients are summed as the all-reduce does.
 
@@ -48,7 +48,7 @@ from trainer.update import (
     StepSample,
     flatten,
     optimizer_step,
-    proximal_logprobs,
+    response_logprobs,
     shard,
     update_stats,
 )
@@ -114,9 +114,13 @@ class RunLedger:
             out.append(fold.add(completed))
         return out
 
+    def checkpoint(self, version: int) -> Path:
+        """The local directory of a published version's weights."""
+        return self.checkpoints.download(self._versions[version].checkpoint_uri)
+
     def start(self, version: int, config: TrainConfig):
         """(model, tokenizer, image processor, optimizer) as the trainer held them at `version`."""
-        model, tokenizer, processor = load_tiny_vlm(self.checkpoints.download(self._versions[version].checkpoint_uri))
+        model, tokenizer, processor = load_tiny_vlm(self.checkpoint(version))
         model.train()
         optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
         with tempfile.TemporaryDirectory() as tmp:
@@ -160,12 +164,15 @@ def replay_batch(ledger: RunLedger, recorded: list[UpdateApplied], overrides: di
     minibatches = [ledger.groups(u.group_ids, config.control) for u in recorded]
     flat = [flatten(mb) for mb in minibatches]
     shards = [[shard(samples, r, world) for r in range(world)] for samples, _ in flat]
-    proximal = ([[proximal_logprobs(scorer, s, config.temperature) for s in ranks] for ranks in shards]
+    proximal = ([[response_logprobs(scorer, s, config.temperature) for s in ranks] for ranks in shards]
                 if len(recorded) > 1 else None)
+    ref = scorer.frozen(ledger.checkpoint(0)) if config.kl_coef else None  # pi_ref: the run's version 0
+    reference = [[response_logprobs(ref, s, config.temperature) for s in ranks] for ranks in shards] if ref else None
     out = []
     for m, (u, (_, num_trajectories)) in enumerate(zip(recorded, flat)):
         step = optimizer_step(scorer, optimizer, config, u.update_step, shards[m], num_trajectories,
-                              first.version_before, proximal[m] if proximal else None, lambda _: None)
+                              first.version_before, proximal[m] if proximal else None, lambda _: None,
+                              reference[m] if reference else None)
         merged = {k: torch.cat([t[k] for t in step.tokens]) for k in step.tokens[0]}
         out.append(Replayed(u.update_step, u.version_before, step.loss, step.grad_norm,
                             weights_sha256(model.state_dict()), update_stats(merged, config)))

@@ -228,6 +228,7 @@ def train(
     lr: float = typer.Option(1e-4),
     minibatches: int = typer.Option(1, help="Optimizer steps per batch."),
     entropy_coef: float = typer.Option(0.0),
+    kl_coef: float = typer.Option(0.0, help="beta of the KL penalty to version 0 (the SFT model)."),
     max_updates: int = typer.Option(None, help="Stop after this many optimizer steps."),
     batch_timeout: float = typer.Option(None, help="Stop when no batch arrives for this many seconds."),
     slow_s: float = typer.Option(0.0, help="Extra seconds per update (to study a slow trainer)."),
@@ -239,7 +240,8 @@ def train(
 
     config = TrainConfig(run_id=run_id, model_dir=model_dir, loss=loss, grpo=GRPOConfig(normalizer=normalizer),
                          groups_per_update=groups_per_update, eta=eta, lr=lr, minibatches=minibatches,
-                         entropy_coef=entropy_coef, max_updates=max_updates, batch_timeout_s=batch_timeout,
+                         entropy_coef=entropy_coef, kl_coef=kl_coef, max_updates=max_updates,
+                         batch_timeout_s=batch_timeout,
                          slow_s=slow_s)
     raise typer.Exit(launch(config, nproc))
 

@@ -78,7 +78,7 @@ def worker(batch_path: str, mode: str, reps: int, out_path: str) -> None:
     from pipeline.settings import StackSettings
     from pipeline.store import ScreenshotStore
     from trainer.config import TrainConfig
-    from trainer.update import Scorer, accumulate_gradients, all_reduce_gradients, flatten, proximal_logprobs, shard
+    from trainer.update import Scorer, accumulate_gradients, all_reduce_gradients, flatten, response_logprobs, shard
 
     torch.set_num_threads(1)  # two ranks share two cores
     dist.init_process_group("gloo")
@@ -102,7 +102,7 @@ def worker(batch_path: str, mode: str, reps: int, out_path: str) -> None:
         minibatches = [batch[m::config.minibatches] for m in range(config.minibatches)]
         flat = [flatten(mb) for mb in minibatches]
         mine = [shard(samples, rank, world) for samples, _ in flat]
-        proximal = [proximal_logprobs(scorer, s, 1.0) for s in mine] if config.minibatches > 1 else None
+        proximal = [response_logprobs(scorer, s, 1.0) for s in mine] if config.minibatches > 1 else None
         for m, (_, n) in enumerate(flat):
             optimizer.zero_grad()
             accumulate_gradients(scorer, mine[m], n, 0, config, proximal[m] if proximal else None)

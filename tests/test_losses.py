@@ -8,7 +8,15 @@ import random
 import pytest
 import torch
 
-from trainer.losses import GRPOConfig, PPOConfig, decoupled_ppo_objective, grpo_loss, raft_advantages, token_weights
+from trainer.losses import (
+    GRPOConfig,
+    PPOConfig,
+    decoupled_ppo_objective,
+    grpo_loss,
+    kl_to_reference,
+    raft_advantages,
+    token_weights,
+)
 
 L = math.log
 
@@ -132,3 +140,26 @@ def test_decoupled_ppo_is_standard_ppo_when_behave_equals_proximal():
     g1 = torch.autograd.grad(obj.sum(), theta, retain_graph=True)[0]
     g2 = torch.autograd.grad(ppo.sum(), theta)[0]
     assert torch.allclose(g1, g2)
+
+
+def test_kl_to_reference_hand_computed_value_and_gradient():
+    # pi_theta = 0.5, pi_ref = 0.25: d = log(0.25 / 0.5) = -log 2; k3 = 0.5 + log 2 - 1 = 0.19315
+    # pi_theta = 0.2, pi_ref = 0.4: d = log 2; k3 = 2 - log 2 - 1 = 0.30685
+    # pi_theta = pi_ref: k3 = 0, gradient 0
+    theta = torch.tensor([L(0.5), L(0.2), L(0.3)], requires_grad=True)
+    ref = torch.tensor([L(0.25), L(0.4), L(0.3)])
+    kl = kl_to_reference(theta, ref)
+    assert kl.tolist() == pytest.approx([0.5 + L(2) - 1, 1 - L(2), 0.0], abs=1e-6)
+    kl.sum().backward()
+    # d k3 / d log pi_theta = 1 - pi_ref / pi_theta: a loss term pulls each log-prob toward pi_ref's
+    assert theta.grad.tolist() == pytest.approx([0.5, -1.0, 0.0], abs=1e-6)
+
+
+def test_kl_to_reference_is_non_negative_and_never_reaches_through_the_reference():
+    g = torch.Generator().manual_seed(0)
+    theta = torch.randn(1000, generator=g).requires_grad_()
+    ref = torch.randn(1000, generator=g).requires_grad_()
+    kl = kl_to_reference(theta, ref)
+    assert (kl >= 0).all()
+    kl.sum().backward()
+    assert ref.grad is None

@@ -20,7 +20,8 @@ slow = pytest.mark.slow  # everything using the recorded run: a torchrun trainer
 
 @pytest.fixture(scope="module")
 def recorded(stack, tmp_path_factory):
-    """Run `rp-*`: 2 updates of one group each (two one-step trajectories, rewards 1 and 0), 2 processes."""
+    """Run `rp-*`: 2 updates of one group each (two one-step trajectories, rewards 1 and 0), 2 processes,
+    with a KL penalty to version 0 (so replay must rebuild pi_ref too)."""
     import os
 
     from pipeline.bus import create_topics
@@ -30,7 +31,7 @@ def recorded(stack, tmp_path_factory):
     create_topics(settings)
     run_id = f"rp-{uuid.uuid4().hex[:6]}"
     publish_groups(settings, run_id, 2)
-    config = TrainConfig(run_id=run_id, groups_per_update=1, max_updates=2, batch_timeout_s=30)
+    config = TrainConfig(run_id=run_id, groups_per_update=1, max_updates=2, batch_timeout_s=30, kl_coef=0.5)
     assert launch(config, nproc=2, env={**os.environ, **settings.environ()}) == 0
     LedgerWriter(settings).sync(idle_exit_s=3.0)
     return settings, run_id
@@ -47,6 +48,7 @@ def test_replay_of_the_recorded_config_is_bit_exact(recorded):
         assert u.world_size == 2 and u.stats["threads"] == 1
         assert (r.loss, r.grad_norm, r.weights_sha256) == (u.loss, u.grad_norm, u.weights_sha256)
         assert b.exact
+        assert (u.stats["kl_ref"] > 0) == (b.version_before > 0)  # at v0 pi_theta is pi_ref
 
 
 @slow

@@ -79,7 +79,7 @@ def test_awrl_train_cli_trains_and_resumes(settings):
 
     def train(max_updates: int) -> None:
         cmd = [sys.executable, "-m", "app.cli", "train", "--run-id", run_id, "--groups-per-update", "1",
-               "--max-updates", str(max_updates), "--batch-timeout", "20"]
+               "--max-updates", str(max_updates), "--batch-timeout", "20", "--kl-coef", "0.1"]
         out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
         assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
 
@@ -89,8 +89,11 @@ def test_awrl_train_cli_trains_and_resumes(settings):
     events = trainer_events(settings, run_id)
     versions = published(events)
     assert [v.version for v in versions] == [0, 1, 2, 3] and versions[-1].parent_version == 2
-    updates = [e for e in events if isinstance(e, UpdateApplied)]
+    updates = sorted((e for e in events if isinstance(e, UpdateApplied)), key=lambda u: u.update_step)
     assert sorted(g for u in updates for g in u.group_ids) == sorted(groups)
+    # pi_ref stays version 0 across the restart: each step's KL is measured before it moves the weights,
+    # so the first is 0 and the resumed one (at v2) is not, as it would be with the resume point as pi_ref
+    assert updates[0].stats["kl_ref"] == 0 and updates[2].stats["kl_ref"] > 0
 
 
 def test_sigkilled_trainer_resumes_without_losing_or_repeating_a_group(settings, tmp_path):

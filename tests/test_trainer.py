@@ -13,15 +13,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from model.inputs import build_inputs, suppressed_token_ids
+from model.inputs import suppressed_token_ids
 from model.prompt import render_prompt
+from model.tiny_vlm import save_tiny_vlm
 from pipeline.hashing import sha256_hex
 from rollout.policy.local import LocalPolicy
 from schemas import GroupCompleted
 from schemas.observation import Mark, Observation
 from trainer.batch import GroupAssembler, TrainGroup
 from trainer.config import TrainConfig
-from trainer.update import Scorer, accumulate_gradients, flatten, proximal_logprobs, shard, update_stats
+from trainer.update import Scorer, accumulate_gradients, flatten, response_logprobs, shard, update_stats
 
 from samples import render_page, sample_group, sample_step
 
@@ -125,7 +126,37 @@ def test_trainer_log_probs_equal_the_samplers_and_the_proximal_pass():
     stats = update_stats(tokens, config)
     assert stats["behave_weight_mean"] == pytest.approx(1.0, abs=1e-4) and stats["dropped_tokens"] == 0
     # the proximal log-probs of a separate no-grad pass equal this forward's detached values, bit for bit
-    assert torch.equal(torch.cat(proximal_logprobs(scorer, samples, 1.0)), tokens["logprobs"])
+    assert torch.equal(torch.cat(response_logprobs(scorer, samples, 1.0)), tokens["logprobs"])
+
+
+def test_kl_penalty_to_an_identical_reference_changes_nothing_and_to_another_pulls_back(tmp_path):
+    batch, _ = _batch()
+    samples, trajectories = flatten(batch)
+    grads = {}
+    for name, kl_coef in (("plain", 0.0), ("same", 1.0)):
+        model = _fresh_model()
+        scorer = _scorer(model)
+        config = TrainConfig(run_id="run", kl_coef=kl_coef)
+        reference = response_logprobs(scorer, samples, 1.0)  # pi_ref == pi_theta: k3 and its gradient are 0
+        _, tokens = accumulate_gradients(scorer, samples, trajectories, 0, config, reference=reference)
+        grads[name] = [p.grad.clone() for p in model.parameters() if p.grad is not None]
+        assert update_stats(tokens, config)["kl_ref"] == 0.0
+    assert all(torch.equal(a, b) for a, b in zip(grads["plain"], grads["same"]))
+    with pytest.raises(ValueError, match="kl_coef > 0 needs"):
+        accumulate_gradients(_scorer(_fresh_model()), samples, trajectories, 0, TrainConfig(run_id="r", kl_coef=1.0))
+    # a reference loaded from another model's directory (`Scorer.frozen`): KL > 0, frozen weights
+    other = _fresh_model()
+    with torch.no_grad():
+        for p in other.parameters():
+            p.add_(0.01 * torch.randn_like(p))
+    save_tiny_vlm(other, _policy().tokenizer, tmp_path / "ref", image_processor=_policy().image_processor)
+    scorer = _scorer(_fresh_model())
+    frozen = scorer.frozen(tmp_path / "ref")
+    assert not any(p.requires_grad for p in frozen.model.parameters())
+    config = TrainConfig(run_id="run", kl_coef=1.0)
+    _, tokens = accumulate_gradients(scorer, samples, trajectories, 0, config,
+                                     reference=response_logprobs(frozen, samples, 1.0))
+    assert update_stats(tokens, config)["kl_ref"] > 0
 
 
 def test_sharded_gradients_sum_to_the_whole_batch_gradient():

@@ -55,6 +55,10 @@ class TrainConfig(BaseModel):
     """Global gradient-norm clip."""
     entropy_coef: float = 0.0
     """Entropy bonus per token weight (a guard against format collapse); 0 disables it."""
+    kl_coef: float = Field(default=0.0, ge=0)
+    """beta of a KL penalty to the reference policy, the run's version 0 (`trainer.losses.kl`), weighted
+    per token like the objective; 0 loads no reference model. It keeps a small model near the SFT
+    policy whose output format it learned."""
     temperature: float = 1.0
     """Sampling temperature of the rollout policy; log-probs are computed at the same temperature."""
     max_updates: int | None = None

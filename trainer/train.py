@@ -49,7 +49,7 @@ from trainer.update import (
     all_reduce_gradients,
     flatten,
     optimizer_step,
-    proximal_logprobs,
+    response_logprobs,
     shard,
     update_stats,
 )
@@ -66,6 +66,8 @@ class _Trainer:
     rank: int
     world: int
     scorer: Scorer
+    reference: Scorer | None
+    """The frozen version 0 (the KL penalty's pi_ref), when `config.kl_coef` > 0."""
     optimizer: torch.optim.Optimizer
     checkpoints: CheckpointStore
     version: int
@@ -124,11 +126,16 @@ def _start(config: TrainConfig, settings: StackSettings, device: torch.device) -
     checkpoints = CheckpointStore.from_settings(settings)
     resume = [_resume_state(settings, config.run_id) if rank == 0 else None]
     dist.broadcast_object_list(resume, src=0)
-    latest, skip = resume[0]
+    latest, first, skip = resume[0]
+
+    def weights(version: PolicyVersionPublished | None) -> Path:
+        return checkpoints.download(version.checkpoint_uri) if version else ensure_tiny_vlm(config.model_dir)
+
     if rank == 0:  # one download into the shared cache; the other ranks then find it there
-        checkpoints.download(latest.checkpoint_uri) if latest else ensure_tiny_vlm(config.model_dir)
+        for version in (latest, first) if config.kl_coef else (latest,):
+            weights(version)
     dist.barrier()
-    model_dir = checkpoints.download(latest.checkpoint_uri) if latest else ensure_tiny_vlm(config.model_dir)
+    model_dir = weights(latest)
     model, tokenizer, image_processor = load_tiny_vlm(model_dir)
     model.to(device).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
@@ -139,7 +146,8 @@ def _start(config: TrainConfig, settings: StackSettings, device: torch.device) -
                 optimizer.load_state_dict(torch.load(state, map_location=device))
     scorer = Scorer(model, tokenizer, image_processor, suppressed_token_ids(tokenizer),
                     ScreenshotStore.from_settings(settings).get)
-    t = _Trainer(config, settings, rank, world, scorer, optimizer, checkpoints,
+    reference = scorer.frozen(weights(first)) if config.kl_coef else None  # pi_ref: version 0
+    t = _Trainer(config, settings, rank, world, scorer, reference, optimizer, checkpoints,
                  version=latest.version if latest else 0,
                  update_step=latest.update_step + 1 if latest and latest.update_step is not None else 0)
     if t.leader:
@@ -159,12 +167,14 @@ def _train_batch(t: _Trainer, batch: list, wait_s: float) -> list[UpdateApplied]
     flat = [flatten(mb) for mb in minibatches]
     mine = [shard(samples, t.rank, t.world) for samples, _ in flat]
     plan = [m for _ in range(config.ppo_epochs) for m in range(config.minibatches)]  # optimizer steps
-    proximal = [proximal_logprobs(t.scorer, s, config.temperature) for s in mine] if len(plan) > 1 else None
+    proximal = [response_logprobs(t.scorer, s, config.temperature) for s in mine] if len(plan) > 1 else None
+    reference = [response_logprobs(t.reference, s, config.temperature) for s in mine] if t.reference else None
     updates = []
     for i, m in enumerate(plan):
         t0 = time.perf_counter()
         step = optimizer_step(t.scorer, t.optimizer, config, t.update_step, [mine[m]], flat[m][1], t.version,
-                              [proximal[m]] if proximal else None, lambda model: all_reduce_gradients(model, t.world))
+                              [proximal[m]] if proximal else None, lambda model: all_reduce_gradients(model, t.world),
+                              [reference[m]] if reference else None)
         time.sleep(config.slow_s)
         loss, stats = _gather_stats(step.loss, step.tokens[0], config, t.leader)
         compute_s = time.perf_counter() - t0
@@ -193,15 +203,17 @@ def _train_batch(t: _Trainer, batch: list, wait_s: float) -> list[UpdateApplied]
     return updates
 
 
-def _resume_state(settings: StackSettings, run_id: str) -> tuple[PolicyVersionPublished | None, set[str]]:
-    """The run's newest published version and the groups already trained into it or dropped."""
+def _resume_state(settings: StackSettings, run_id: str
+                  ) -> tuple[PolicyVersionPublished | None, PolicyVersionPublished | None, set[str]]:
+    """The run's newest and first published versions and the groups already trained or dropped."""
     create_topics(settings)
     events = [e for e in read_log(settings, TRAINER) if e.run_id == run_id]
     published = [e for e in events if isinstance(e, PolicyVersionPublished)]
     committed_updates = {u for p in published for u in p.update_ids}
     skip = {g for e in events if isinstance(e, UpdateApplied) and e.event_id in committed_updates for g in e.group_ids}
     skip |= {e.group_id for e in events if isinstance(e, GroupDropped)}
-    return max(published, key=lambda e: e.version, default=None), skip
+    return (max(published, key=lambda e: e.version, default=None),
+            min(published, key=lambda e: e.version, default=None), skip)
 
 
 def _gather_stats(shard_loss: float, tokens: dict, config: TrainConfig, leader: bool) -> tuple[float, dict]:

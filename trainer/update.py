@@ -10,22 +10,24 @@ sample's graph at a time.
 pi_prox is the policy at the start of the update (the batch). With one optimizer step per batch those
 are the weights being differentiated, so the proximal log-probs are the detached values of the same
 forward pass, which is what a separate no-grad pass computes (bit for bit; tested) at half the cost.
-With several minibatches (optimizer steps) per batch, `proximal_logprobs` scores every sample first.
+With several minibatches (optimizer steps) per batch, `response_logprobs` scores every sample first.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
 from model.inputs import forward_log_softmax, inputs_from_ids
+from model.tiny_vlm import load_tiny_vlm
 from trainer.batch import TrainGroup
 from trainer.config import TrainConfig
-from trainer.losses import decoupled_ppo_objective, grpo_loss, raft_advantages, token_weights
+from trainer.losses import decoupled_ppo_objective, grpo_loss, kl_to_reference, raft_advantages, token_weights
 
 
 @dataclass(frozen=True)
@@ -97,6 +99,7 @@ class _Token:
     weights: list[torch.Tensor]
     success: list[torch.Tensor]
     entropy: list[torch.Tensor]
+    reference: list[torch.Tensor]
     lag: list[torch.Tensor]
 
 
@@ -120,20 +123,30 @@ class Scorer:
             yield s, {k: v.to(device) for k, v in inputs.items()}
 
 
+    def frozen(self, model_dir: Path) -> Scorer:
+        """The same input builders over a frozen model loaded from `model_dir` (the KL reference)."""
+        model = load_tiny_vlm(model_dir)[0].to(next(self.model.parameters()).device).eval().requires_grad_(False)
+        return replace(self, model=model)
+
+
 @torch.no_grad()
-def proximal_logprobs(scorer: Scorer, samples: list[StepSample], temperature: float) -> list[torch.Tensor]:
-    """log pi_prox of every sample's response tokens: the weights at the start of the batch."""
+def response_logprobs(scorer: Scorer, samples: list[StepSample], temperature: float) -> list[torch.Tensor]:
+    """Log-probs of every sample's response tokens under the scorer's model, with no gradient: pi_prox
+    (the weights at the start of the batch) or pi_ref (`Scorer.frozen`)."""
     return [score(scorer.model, inputs, len(s.response_token_ids), scorer.suppress, temperature)[0]
             for s, inputs in scorer.samples(samples)]
 
 
 def accumulate_gradients(scorer: Scorer, samples: list[StepSample], num_trajectories: int, version: int,
-                         config: TrainConfig, proximal: list[torch.Tensor] | None = None
-                         ) -> tuple[float, dict[str, torch.Tensor]]:
+                         config: TrainConfig, proximal: list[torch.Tensor] | None = None,
+                         reference: list[torch.Tensor] | None = None) -> tuple[float, dict[str, torch.Tensor]]:
     """Backward over this rank's samples (gradients accumulate in `.grad`); the shard's loss and
     its detached per-token tensors (concatenated) for `update_stats`. `proximal`: per-sample
-    log pi_prox when the weights have moved since the batch started (else this forward's own)."""
-    acc = _Token([], [], [], [], [], [], [], [], [])
+    log pi_prox when the weights have moved since the batch started (else this forward's own);
+    `reference`: per-sample log pi_ref, needed when `config.kl_coef` > 0."""
+    if config.kl_coef and reference is None:
+        raise ValueError("kl_coef > 0 needs the reference policy's log-probs (`Scorer.frozen`)")
+    acc = _Token([], [], [], [], [], [], [], [], [], [])
     total = 0.0
     for i, (s, inputs) in enumerate(scorer.samples(samples)):
         n = len(s.response_token_ids)
@@ -153,10 +166,13 @@ def accumulate_gradients(scorer: Scorer, samples: list[StepSample], num_trajecto
         w = token_weights(step_tokens, trajectory_steps, num_trajectories, config.grpo, logprobs.dtype)  # [n]
         if config.entropy_coef:
             loss = loss - config.entropy_coef * (w * entropy * mask).sum()
+        ref = reference[i] if reference is not None else torch.zeros(0)  # [n] or [0]
+        if config.kl_coef:
+            loss = loss + config.kl_coef * (w * kl_to_reference(logprobs, ref) * mask).sum()
         loss.backward()
         total += loss.item()
         for name, value in (("logprobs", logprobs), ("proximal", prox), ("behave", behave), ("advantages", advantages), ("mask", mask),
-                            ("weights", w), ("success", success), ("entropy", entropy),
+                            ("weights", w), ("success", success), ("entropy", entropy), ("reference", ref),
                             ("lag", torch.tensor([version - v for v in s.token_policy_versions]))):
             getattr(acc, name).append(value.detach().cpu())
     return total, {k: torch.cat(v) if v else torch.zeros(0) for k, v in vars(acc).items()}
@@ -175,8 +191,8 @@ class StepResult:
 
 def optimizer_step(scorer: Scorer, optimizer: torch.optim.Optimizer, config: TrainConfig, update_step: int,
                    shards: list[list[StepSample]], num_trajectories: int, version: int,
-                   proximal: list[list[torch.Tensor]] | None, reduce_gradients: Callable[[torch.nn.Module], None]
-                   ) -> StepResult:
+                   proximal: list[list[torch.Tensor]] | None, reduce_gradients: Callable[[torch.nn.Module], None],
+                   reference: list[list[torch.Tensor]] | None = None) -> StepResult:
     """One optimizer step, the trainer's and replay's alike: learning rate, gradients, their reduction
     over ranks, clipping, AdamW.
 
@@ -192,7 +208,8 @@ def optimizer_step(scorer: Scorer, optimizer: torch.optim.Optimizer, config: Tra
             for p in params:
                 p.grad = torch.zeros_like(p)
         shard_loss, shard_tokens = accumulate_gradients(scorer, samples, num_trajectories, version, config,
-                                                        proximal[i] if proximal else None)
+                                                        proximal[i] if proximal else None,
+                                                        reference[i] if reference else None)
         loss, tokens = loss + shard_loss, tokens + [shard_tokens]
         grads.append([p.grad for p in params])
     if len(shards) > 1:
@@ -234,8 +251,10 @@ def update_stats(tokens: dict[str, torch.Tensor], config: TrainConfig) -> dict[s
     _, ppo = decoupled_ppo_objective(lp, tokens["proximal"], tokens["behave"], tokens["advantages"], mask, config.ppo)
     success = tokens["success"]
     lag = tokens["lag"].float()
+    kl = {"kl_ref": kl_to_reference(lp, tokens["reference"])[mask].mean().item()} if tokens["reference"].numel() else {}
     return {
         **ppo,
+        **kl,
         "tokens": float(lp.numel()),
         "entropy": tokens["entropy"].mean().item(),
         "weight_mass_failure": tokens["weights"][~success].sum().item(),
