@@ -1,12 +1,13 @@
 """RL over SFT on MiniWoB++, side by side: several RL configurations from one shared warm start.
 
-    .venv/bin/python bench/miniwob_sweep.py [--rl-minutes 6] [--eval-episodes 200] [--arms demo,raft,lr-5e-5]
+    .venv/bin/python bench/miniwob_sweep.py [--rl-minutes 6] [--eval-episodes 200] [--arms demo,kl-0.3,kl-1]
 
 One fresh local stack. The first arm runs the whole learning loop (untrained evaluation, oracle
 demonstrations, SFT, the SFT evaluation, async RL, the RL evaluation); every later arm starts RL from
 the same SFT model and is compared with the same SFT point (`LearningConfig.sft_measured_by`), so the
 arms differ only in their RL configuration. Prints each arm's RL-over-SFT difference with its
-two-proportion z and writes bench/out/miniwob_sweep.json and bench/out/miniwob_sweep.png.
+two-proportion z, and the share of invalid actions in each evaluation (a worn output format), and
+writes bench/out/miniwob_sweep.json and bench/out/miniwob_sweep.png.
 """
 
 from __future__ import annotations
@@ -36,11 +37,15 @@ def arms():
         "lr-2e-4": {"train": RL_TRAIN.model_copy(update={"lr": 2e-4})},
         "lr-5e-5": {"train": RL_TRAIN.model_copy(update={"lr": 5e-5})},
         "raft": {"train": RL_TRAIN.model_copy(update={"loss": "raft"})},  # RAFT++: successes only, no push-down
+        # a KL penalty to the SFT model (version 0), against the format wear of make demo's third run
+        "kl-0.1": {"train": RL_TRAIN.model_copy(update={"kl_coef": 0.1})},
+        "kl-0.3": {"train": RL_TRAIN.model_copy(update={"kl_coef": 0.3})},
+        "kl-1": {"train": RL_TRAIN.model_copy(update={"kl_coef": 1.0})},
     }
 
 
 def main(rl_minutes: float = 6.0, eval_episodes: int = 200, demo_episodes: int = 100, sft_epochs: int = 4,
-         arm_names: str = typer.Option("demo,raft,lr-5e-5", "--arms")) -> None:
+         arm_names: str = typer.Option("demo,kl-0.3,kl-1", "--arms")) -> None:
     from app.learning import LearningConfig, run_learning
     from pipeline.stack.local import LocalStack
 
@@ -63,25 +68,44 @@ def main(rl_minutes: float = 6.0, eval_episodes: int = 200, demo_episodes: int =
                 curve = run_learning(settings, config, say=console.print)
                 first = first or curve
                 results[name] = curve
+            invalid = _invalid_shares(settings, [first.point("sft").eval_run_id,
+                                                 *(curve.point("rl").eval_run_id for curve in results.values())])
         finally:
             stack.down()
-    _report(results, first, rl_minutes, eval_episodes)
+    _report(results, first, rl_minutes, eval_episodes, invalid)
 
 
-def _report(results, first, rl_minutes: float, eval_episodes: int) -> None:
+def _invalid_shares(settings, eval_run_ids: list[str]) -> dict[str, float]:
+    """The share of invalid actions among each evaluation run's steps (the ledger's `steps` view): the
+    sign of a worn output format, which success alone does not separate from a wrong choice."""
+    from analysis.ledger import connect
+    from pipeline.ledger import LedgerWriter
+
+    LedgerWriter(settings).sync(idle_exit_s=3.0)
+    rows = connect(settings).execute(
+        "SELECT run_id, avg((error_class = 'invalid_action')::INT) FROM steps WHERE run_id IN "
+        f"({', '.join('?' for _ in eval_run_ids)}) GROUP BY run_id", eval_run_ids).fetchall()
+    return dict(rows)
+
+
+def _report(results, first, rl_minutes: float, eval_episodes: int, invalid: dict[str, float]) -> None:
     sft = first.point("sft")
     out = {"rl_minutes": rl_minutes, "eval_episodes": eval_episodes,
-           "sft": {"successes": sft.successes, "episodes": sft.episodes}, "arms": {}}
+           "sft": {"successes": sft.successes, "episodes": sft.episodes,
+                   "invalid_share": invalid.get(sft.eval_run_id)}, "arms": {}}
     table = Table(title=f"MiniWoB++ test split, {eval_episodes} episodes a point, RL {rl_minutes:g} min a arm")
-    for c in ["arm", "SFT", "RL", "RL - SFT", "z", "RL episodes", "versions", "dropped", "trainer idle"]:
+    for c in ["arm", "SFT", "RL", "RL - SFT", "z", "invalid (SFT -> RL)", "RL episodes", "versions", "dropped",
+              "trainer idle"]:
         table.add_column(c, justify="right")
     for name, curve in results.items():
         rl = curve.point("rl")
         diff, z = two_proportion_z(sft.successes, sft.episodes, rl.successes, rl.episodes)
         out["arms"][name] = {"successes": rl.successes, "episodes": rl.episodes, "diff": diff, "z": z,
                              "rl_episodes": curve.rl.episodes, "versions": curve.rl.version,
-                             "trainer_idle": curve.rl.trainer_idle}
-        table.add_row(name, f"{sft.rate:.3f}", f"{rl.rate:.3f}", f"{diff:+.3f}", f"{z:.2f}", str(curve.rl.episodes),
+                             "trainer_idle": curve.rl.trainer_idle, "invalid_share": invalid.get(rl.eval_run_id)}
+        shares = (invalid.get(sft.eval_run_id, float("nan")), invalid.get(rl.eval_run_id, float("nan")))
+        table.add_row(name, f"{sft.rate:.3f}", f"{rl.rate:.3f}", f"{diff:+.3f}", f"{z:.2f}",
+                      f"{shares[0]:.2f} -> {shares[1]:.2f}", str(curve.rl.episodes),
                       str(curve.rl.version), str(curve.rl.groups_dropped), f"{curve.rl.trainer_idle:.0%}")
     console.print(table)
     OUT.mkdir(exist_ok=True)
