@@ -81,10 +81,14 @@ def _invalid_shares(settings, eval_run_ids: list[str]) -> dict[str, float]:
     from analysis.ledger import connect
     from pipeline.ledger import LedgerWriter
 
-    LedgerWriter(settings).sync(idle_exit_s=3.0)
-    rows = connect(settings).execute(
-        "SELECT run_id, avg((error_class = 'invalid_action')::INT) FROM steps WHERE run_id IN "
-        f"({', '.join('?' for _ in eval_run_ids)}) GROUP BY run_id", eval_run_ids).fetchall()
+    try:  # a column, not the sweep: its results must survive a failure here
+        LedgerWriter(settings).sync(idle_exit_s=3.0)
+        rows = connect(settings).execute(
+            "SELECT run_id, avg((error_class IS NOT DISTINCT FROM 'invalid_action')::INT) FROM steps "
+            f"WHERE run_id IN ({', '.join('?' for _ in eval_run_ids)}) GROUP BY run_id", eval_run_ids).fetchall()
+    except Exception as e:  # noqa: BLE001
+        console.print(f"[red]invalid-action shares unavailable: {e!r}")
+        return {}
     return dict(rows)
 
 
