@@ -29,6 +29,7 @@ OUT = Path(__file__).parent / "out"
 
 def arms():
     from app.learning import RL_TRAIN
+    from trainer.losses import GRPOConfig
 
     return {
         "demo": {},  # make demo's RL: 2 groups a version, 2 epochs, lr 1e-4, curriculum on
@@ -41,6 +42,8 @@ def arms():
         "kl-0.1": {"train": RL_TRAIN.model_copy(update={"kl_coef": 0.1})},
         "kl-0.3": {"train": RL_TRAIN.model_copy(update={"kl_coef": 0.3})},
         "kl-1": {"train": RL_TRAIN.model_copy(update={"kl_coef": 1.0})},
+        # WebGym's N_i = 1/|tau_i|: a long failure weighs as much as a short success, not 2-3 times more
+        "per-trajectory": {"train": RL_TRAIN.model_copy(update={"grpo": GRPOConfig(normalizer="per_trajectory")})},
     }
 
 
