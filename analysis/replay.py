@@ -28,7 +28,7 @@ import json
 import tempfile
 from collections import defaultdict
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -87,6 +87,7 @@ class RunLedger:
         self.updates: list[UpdateApplied] = sorted(self._events("UpdateApplied"), key=lambda u: u.update_step)
         self._versions = {v.version: v for v in self._events("PolicyVersionPublished")}
         self._groups = {g.group_id: g for g in self._events("GroupCompleted")}
+        self._reference: torch.nn.Module | None = None
         self._steps = defaultdict(list)
         for s in self._events("StepRecorded"):
             self._steps[s.trajectory_id].append(s)
@@ -113,6 +114,13 @@ class RunLedger:
                     fold.add(s)
             out.append(fold.add(completed))
         return out
+
+    def reference(self, scorer: Scorer) -> Scorer:
+        """pi_ref of the KL penalty (the run's version 0) over `scorer`'s input builders, loaded once per
+        ledger: it is frozen, so every replayed batch can share it."""
+        if self._reference is None:
+            self._reference = scorer.frozen(self.checkpoint(0)).model
+        return replace(scorer, model=self._reference)
 
     def checkpoint(self, version: int) -> Path:
         """The local directory of a published version's weights."""
@@ -166,8 +174,9 @@ def replay_batch(ledger: RunLedger, recorded: list[UpdateApplied], overrides: di
     shards = [[shard(samples, r, world) for r in range(world)] for samples, _ in flat]
     proximal = ([[response_logprobs(scorer, s, config.temperature) for s in ranks] for ranks in shards]
                 if len(recorded) > 1 else None)
-    ref = scorer.frozen(ledger.checkpoint(0)) if config.kl_coef else None  # pi_ref: the run's version 0
-    reference = [[response_logprobs(ref, s, config.temperature) for s in ranks] for ranks in shards] if ref else None
+    ref = ledger.reference(scorer) if config.kl_coef else None
+    reference = ([[response_logprobs(ref, s, config.temperature) for s in ranks] for ranks in shards]
+                 if ref is not None else None)
     out = []
     for m, (u, (_, num_trajectories)) in enumerate(zip(recorded, flat)):
         step = optimizer_step(scorer, optimizer, config, u.update_step, shards[m], num_trajectories,

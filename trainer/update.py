@@ -122,7 +122,6 @@ class Scorer:
                                      self.image_processor)
             yield s, {k: v.to(device) for k, v in inputs.items()}
 
-
     def frozen(self, model_dir: Path) -> Scorer:
         """The same input builders over a frozen model loaded from `model_dir` (the KL reference)."""
         model = load_tiny_vlm(model_dir)[0].to(next(self.model.parameters()).device).eval().requires_grad_(False)
