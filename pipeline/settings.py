@@ -35,6 +35,11 @@ class StackSettings(BaseSettings):
     """Use HTTPS to reach the S3 endpoint."""
     ledger_uri: str = "s3://awrl/ledger"
     """Root of the Parquet ledger: `s3://bucket/prefix` or a local directory."""
+    vllm_url: str | None = None
+    """OpenAI-compatible policy server for `--policy vllm` (`awrl stack up --vllm`, or docker-compose's
+    `vllm` service); None when the stack runs none."""
+    vllm_model: str = "policy"
+    """The model name that server serves (its `--served-model-name`)."""
 
     def s3_credentials(self) -> tuple[str, str]:
         if self.s3_access_key is None or self.s3_secret_key is None:

@@ -67,3 +67,14 @@ def test_taken_port_fails_fast_with_a_clear_message(tmp_path):
 def test_missing_binary_is_named():
     with pytest.raises(StackError, match="/nonexistent/radosgw.*apt-get install radosgw"):
         require_binary("/nonexistent/radosgw", "apt-get install radosgw ceph-mon ceph-osd")
+
+
+def test_the_policy_server_fails_fast_and_clearly(tmp_path):
+    from pipeline.stack.vllm import VLLMServerConfig, start_vllm
+
+    missing = VLLMServerConfig(model_dir=tmp_path, python=tmp_path / "no-venv" / "python")
+    with pytest.raises(StackError, match=r"no-venv/python.*make vllm-env"):
+        start_vllm(tmp_path, missing)
+    no_model = VLLMServerConfig(model_dir=tmp_path / "empty", python=Path(sys.executable))
+    with pytest.raises(StackError, match=r"empty is not an HF model directory"):
+        start_vllm(tmp_path, no_model)

@@ -1,4 +1,5 @@
-"""The embedded local stack: Tansu (Kafka protocol) + Ceph radosgw (S3) on 127.0.0.1, on free ports.
+"""The embedded local stack: Tansu (Kafka protocol) + Ceph radosgw (S3) on 127.0.0.1, on free ports,
+and optionally the vLLM policy server (`pipeline.stack.vllm`).
 
 `up` records what it started in `<data_dir>/stack.json` and writes the connection settings to
 `<data_dir>/stack.env` (mode 0600, the same variables docker-compose's `.env` uses). `down` stops
@@ -22,6 +23,7 @@ from pipeline.settings import StackSettings
 from pipeline.stack.ceph import S3Credentials, s3_healthy, start_ceph_s3
 from pipeline.stack.process import ServiceProc, StackError, pid_alive, port_open, respawn, stop, wait_until
 from pipeline.stack.tansu import start_tansu
+from pipeline.stack.vllm import VLLM_STARTUP_S, VLLMServerConfig, start_vllm, vllm_healthy
 from pipeline.store import ScreenshotStore
 
 STATE_FILE = "stack.json"
@@ -37,16 +39,21 @@ class LocalStack:
     s3: S3Credentials | None = None
     durable: bool = True
     bucket: str = "awrl"
+    vllm_url: str = ""
+    vllm_model: str = ""
 
     # -- lifecycle -------------------------------------------------------------------------------
     @classmethod
     def up(cls, data_dir: Path, durable: bool = True, kafka_port: int | None = None,
-           s3_port: int | None = None, bucket: str = "awrl") -> LocalStack:
-        """Start the stack, or return the one already running from `data_dir`."""
+           s3_port: int | None = None, bucket: str = "awrl", vllm: VLLMServerConfig | None = None) -> LocalStack:
+        """Start the stack, or return the one already running from `data_dir`. `vllm`: also run the
+        policy server (added to a running stack that has none)."""
         data_dir = Path(data_dir).resolve()
         data_dir.mkdir(parents=True, exist_ok=True)
         running = cls.load(data_dir)
         if running is not None and running.healthy():
+            if vllm is not None and not running.vllm_url:
+                running.add_vllm(vllm)
             return running
         if running is not None:  # half-dead from a crash: clear it before starting anew
             running.down()
@@ -59,10 +66,20 @@ class LocalStack:
             stack.services.extend(ceph)
             stack._save()
             stack._bootstrap()
+            if vllm is not None:
+                stack.add_vllm(vllm)
         except BaseException:
             stack.down()
             raise
         return stack
+
+    def add_vllm(self, config: VLLMServerConfig, port: int | None = None) -> None:
+        """Start the policy server beside the running services and record it."""
+        proc = start_vllm(self.data_dir, config, port=port)
+        self.services.append(proc)
+        self.vllm_url = f"http://127.0.0.1:{proc.port}/v1"
+        self.vllm_model = config.served_model_name
+        self._save()
 
     def _bootstrap(self) -> None:
         settings = self.settings()
@@ -95,9 +112,12 @@ class LocalStack:
                                          wait=tenacity.wait_fixed(0.5), stop=tenacity.stop_after_delay(30),
                                          reraise=True):
             with attempt:
-                self.services[i] = start_tansu(self.data_dir, port=old.port) if name == "kafka" else respawn(old)
+                self.services[i] = (start_tansu(self.data_dir, port=old.port) if name == "kafka"
+                                    else respawn(old, timeout=VLLM_STARTUP_S if name == "vllm" else 60.0))
         if name == "s3" and self.s3 is not None:
             wait_until(lambda: s3_healthy(self.s3), "radosgw HTTP", 60, self.services[i])
+        if name == "vllm":
+            wait_until(lambda: vllm_healthy(old.port), "vllm", VLLM_STARTUP_S, self.services[i])
         self._save()
         if name == "kafka":
             self._bootstrap()
@@ -116,6 +136,8 @@ class LocalStack:
             s3=S3Credentials(**raw["s3"]) if raw.get("s3") else None,
             durable=raw["durable"],
             bucket=raw["bucket"],
+            vllm_url=raw.get("vllm_url", ""),
+            vllm_model=raw.get("vllm_model", ""),
         )
 
     def _save(self) -> None:
@@ -126,6 +148,8 @@ class LocalStack:
             "s3": vars(self.s3) if self.s3 else None,
             "durable": self.durable,
             "bucket": self.bucket,
+            "vllm_url": self.vllm_url,
+            "vllm_model": self.vllm_model,
         }
         _write_private(self.data_dir / STATE_FILE, json.dumps(state, indent=2))
         _write_private(self.data_dir / ENV_FILE, self.dotenv())
@@ -140,6 +164,8 @@ class LocalStack:
             s3_secret_key=self.s3.secret_key,
             s3_bucket=self.bucket,
             ledger_uri=f"s3://{self.bucket}/ledger",
+            vllm_url=self.vllm_url or None,
+            vllm_model=self.vllm_model or "policy",
             _env_file=None,
         )
 
@@ -156,6 +182,8 @@ class LocalStack:
             f"AWRL_S3_SECURE={str(s.s3_secure).lower()}",
             f"AWRL_LEDGER_URI={s.ledger_uri}",
         ]
+        if s.vllm_url:
+            lines += [f"AWRL_VLLM_URL={s.vllm_url}", f"AWRL_VLLM_MODEL={s.vllm_model}"]
         return "\n".join(lines) + "\n"
 
     def write_dotenv(self, path: Path) -> bool:
@@ -171,6 +199,9 @@ class LocalStack:
             out["kafka"] = out["kafka"] and port_open(int(self.kafka_bootstrap.rsplit(":", 1)[1]))
         if "s3" in out and self.s3 is not None:
             out["s3"] = out["s3"] and s3_healthy(self.s3)
+        for s in self.services:
+            if s.name == "vllm":
+                out["vllm"] = out["vllm"] and vllm_healthy(s.port)
         return out
 
     def healthy(self) -> bool:

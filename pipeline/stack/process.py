@@ -40,6 +40,8 @@ class ServiceProc:
     """Where its stdout/stderr go."""
     env: tuple[tuple[str, str], ...] = ()
     """Extra environment it was started with."""
+    process_group: bool = False
+    """It starts children of its own (vLLM's engine core): `stop` signals its whole process group."""
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -77,7 +79,8 @@ def port_open(port: int, host: str = "127.0.0.1", timeout: float = 0.5) -> bool:
         return False
 
 
-def spawn(name: str, argv: list[str], log_path: Path, port: int | None = None, env: dict | None = None) -> ServiceProc:
+def spawn(name: str, argv: list[str], log_path: Path, port: int | None = None, env: dict | None = None,
+          process_group: bool = False) -> ServiceProc:
     """Start a daemon detached from our session; stdout/stderr go to `log_path`."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as log:
@@ -90,14 +93,15 @@ def spawn(name: str, argv: list[str], log_path: Path, port: int | None = None, e
             env={**os.environ, **(env or {})},
         )
     return ServiceProc(name=name, pid=proc.pid, port=port, binary=os.path.realpath(argv[0]), argv=tuple(argv),
-                       log=str(log_path), env=tuple(sorted((env or {}).items())))
+                       log=str(log_path), env=tuple(sorted((env or {}).items())), process_group=process_group)
 
 
 def respawn(proc: ServiceProc, timeout: float = 60.0) -> ServiceProc:
     """Start a stopped daemon again with the same command line; waits for its port if it has one."""
     if not proc.argv:
         raise StackError(f"{proc.name}: started by an older version, its command line is unknown; restart the stack")
-    new = spawn(proc.name, list(proc.argv), Path(proc.log), port=proc.port, env=dict(proc.env))
+    new = spawn(proc.name, list(proc.argv), Path(proc.log), port=proc.port, env=dict(proc.env),
+                process_group=proc.process_group)
     if proc.port is not None:
         wait_until(lambda: port_open(proc.port), proc.name, timeout, new, Path(proc.log))
     return new
@@ -133,12 +137,16 @@ def pid_alive(proc: ServiceProc) -> bool:
 
 
 def stop(proc: ServiceProc, timeout: float = 10.0) -> None:
-    """SIGTERM, then SIGKILL after `timeout`; reaps it if it is our child."""
+    """SIGTERM, then SIGKILL after `timeout`; reaps it if it is our child. A `process_group` service
+    gets each signal as a group (its session was started with it, so the group id is its PID), and
+    members left after the leader exits are killed."""
+    was_ours = pid_alive(proc)
+    kill = os.killpg if proc.process_group else os.kill
     for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 5.0)):
         if not pid_alive(proc):
             break
         try:
-            os.kill(proc.pid, sig)
+            kill(proc.pid, sig)
         except ProcessLookupError:
             break
         deadline = time.monotonic() + wait
@@ -146,6 +154,24 @@ def stop(proc: ServiceProc, timeout: float = 10.0) -> None:
             _reap(proc.pid)
             time.sleep(0.05)
     _reap(proc.pid)
+    if proc.process_group and was_ours:  # only a group we saw led by our process
+        _kill_group_rest(proc.pid, timeout)
+
+
+def _kill_group_rest(pgid: int, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
+            return
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(pgid, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.05)
+        deadline = time.monotonic() + 5.0
 
 
 def _reap(pid: int) -> None:
