@@ -171,7 +171,7 @@ def run_learning(settings: StackSettings, config: LearningConfig,
             sft_dir, sft_s = config.warm_start, 0.0
         else:
             measure("untrained", ensure_tiny_vlm(), 0, 0.0)
-            sft_dir, sft_s = _warm_start(settings, config, run_id, curve, say)
+            sft_dir, sft_s = warm_start(settings, config, run_id, curve, say)
         if config.sft_measured_by is None:
             measure("sft", sft_dir, 0, sft_s)
 
@@ -230,7 +230,7 @@ class _Evaluator:
         return point
 
 
-def _warm_start(settings: StackSettings, config: LearningConfig, run_id: str, curve: LearningCurve,
+def warm_start(settings: StackSettings, config: LearningConfig, run_id: str, curve: LearningCurve,
                 say: Callable[[str], None]) -> tuple[Path, float]:
     """Oracle demonstrations in real episodes, then SFT on the successful ones: (model dir, SFT seconds)."""
     templates = config.demo_templates or train_templates(config)

@@ -27,6 +27,7 @@ from typing import Literal
 
 import psutil
 
+from model.tiny_vlm import ensure_tiny_vlm
 from pipeline.bus import EventProducer, follow
 from pipeline.ledger import LedgerWriter
 from pipeline.settings import StackSettings
@@ -54,6 +55,8 @@ class RunConfig:
     """Staleness bound of the async schedule (sync is on-policy: 0)."""
     nproc: int = 1
     """Trainer processes."""
+    trainer_cpus: str | None = None
+    """Cores the trainer runs on (`taskset -c` syntax, e.g. "1"); None: wherever the OS puts it."""
     train: TrainConfig | None = None
     """Trainer hyper-parameters; `run_id`, `model_dir` and `eta` are set by the run."""
     run_id: str = ""
@@ -127,6 +130,8 @@ def run_training(settings: StackSettings, config: RunConfig, on_progress=None) -
     logs = config.log_dir / run_id
     logs.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, **settings.environ()}
+    if config.rollout.model_dir is None:  # one directory for the trainer and a policy server alike
+        config = replace(config, rollout=replace(config.rollout, model_dir=ensure_tiny_vlm()))
     train = (config.train or TrainConfig(run_id=run_id)).model_copy(update={
         "run_id": run_id, "model_dir": config.rollout.model_dir, "eta": config.eta if config.mode == "async" else 0})
     config = replace(config, run_id=run_id, train=train)  # the schedules below read the resolved config
@@ -138,7 +143,7 @@ def run_training(settings: StackSettings, config: RunConfig, on_progress=None) -
     with open(logs / "trainer.log", "w") as tlog, open(logs / "ledger.log", "w") as llog:
         ledger = subprocess.Popen([sys.executable, "-m", "app.cli", "ledger", "sync", "--follow"], env=env,
                                   stdout=llog, stderr=subprocess.STDOUT, start_new_session=True)
-        trainer = launch.start(train, config.nproc, env, log=tlog)
+        trainer = launch.start(train, config.nproc, env, log=tlog, cpus=config.trainer_cpus)
         progress.started = time.monotonic()
         deadline = progress.started + config.minutes * 60
         ticker = threading.Thread(target=_tick, args=(progress, stop, on_progress), daemon=True)

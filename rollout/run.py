@@ -73,14 +73,23 @@ def make_policy(name: str, suites: dict[str, Suite], model_dir: Path | None = No
 
         return LocalPolicy(model_dir, seed=seed, checkpoints=checkpoints, temperature=temperature)
     if name == "vllm":
-        from rollout.policy.vllm_client import VLLMPolicy
-
-        if not vllm_url:
-            raise ValueError("--policy vllm needs --vllm-url")
-        # The server loads the directory the pool fetched: they must share a filesystem.
-        fetch = (lambda uri: str(checkpoints.download(uri))) if checkpoints is not None else None
-        return VLLMPolicy(vllm_url, vllm_model or "policy", **({"fetch": fetch} if fetch else {}))
+        return _vllm_policy(vllm_url, vllm_model, seed, checkpoints, temperature)
     raise ValueError(f"unknown policy {name!r}; choose from {POLICIES}")
+
+
+def _vllm_policy(url: str | None, model: str | None, seed: int, checkpoints, temperature: float) -> Policy:
+    """The policy server's client. The special tokens it must not sample are looked up in the served
+    model's vocabulary (the tiny VLM names them as Qwen3-VL does, with other ids)."""
+    from model.tiny_vlm import SPECIAL_TOKENS, STOP_TOKENS
+    from rollout.policy.vllm_client import VLLMPolicy
+
+    if not url:
+        raise ValueError("--policy vllm needs a server: --vllm-url, AWRL_VLLM_URL, or `awrl stack up --vllm MODEL_DIR`")
+    # The server loads the directory the pool fetched: they must share a filesystem.
+    fetch = (lambda uri: str(checkpoints.download(uri))) if checkpoints is not None else None
+    policy = VLLMPolicy(url, model or "policy", seed=seed, temperature=temperature, **({"fetch": fetch} if fetch else {}))
+    policy.suppress_token_ids = policy.server_token_ids([t for t in SPECIAL_TOKENS if t not in STOP_TOKENS])
+    return policy
 
 
 @dataclass(frozen=True)
@@ -129,9 +138,12 @@ def run_rollout(settings: StackSettings, req: RolloutRequest, show_progress: boo
     suite = make_suite(req.suite)
     suite.start()
     try:
-        policy = make_policy(req.policy, {suite.name: suite}, req.model_dir, req.vllm_url, seed=req.seed,
-                             noise=req.noise, checkpoints=CheckpointStore.from_settings(settings),
-                             temperature=req.temperature)
+        policy = make_policy(req.policy, {suite.name: suite}, req.model_dir, req.vllm_url or settings.vllm_url,
+                             settings.vllm_model, seed=req.seed, noise=req.noise,
+                             checkpoints=CheckpointStore.from_settings(settings), temperature=req.temperature)
+        if req.policy == "vllm" and req.model_dir is not None and req.min_version == 0:
+            # The server serves whatever it last loaded: make version 0 the weights this run starts from.
+            asyncio.run(policy.refresh(0, str(req.model_dir)))
         pool = RolloutPool(settings, {suite.name: suite}, policy,
                            PoolConfig(workers=req.workers, episode=req.episode, run_id=run_id,
                                       consumer_group=f"rollout-{run_id}", everlasting=req.everlasting,

