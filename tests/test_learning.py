@@ -32,12 +32,12 @@ over 17 versions); a control that fell would not make RL's rise any less real.""
 
 
 @pytest.fixture(scope="module")
-def learned(stack, tmp_path_factory):
+def learned(stack, boxes_warm_start, tmp_path_factory):
     settings = stack.settings().model_copy(update={"topic_prefix": f"t{uuid.uuid4().hex[:8]}"})
     out = tmp_path_factory.mktemp("learning")
-    real = run_learning(settings, controlled(f"ctl-{uuid.uuid4().hex[:6]}", out))
+    real = run_learning(settings, controlled(f"ctl-{uuid.uuid4().hex[:6]}", out, warm_start=boxes_warm_start))
     control = run_learning(settings, controlled(f"ctl-{uuid.uuid4().hex[:6]}-shuffled", out, control="shuffled_rewards",
-                                                warm_start=out / real.run_id / "sft"))
+                                                warm_start=boxes_warm_start))
     return settings, real, control
 
 
