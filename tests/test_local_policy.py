@@ -229,6 +229,7 @@ def fake_vllm():
 
 
 _RESETS = [("/reset_prefix_cache?reset_running_requests=true", {}), ("/reset_encoder_cache", {})]
+_PAUSE, _RESUME = ("/pause?mode=wait", {}), ("/resume", {})
 
 
 def test_vllm_client_against_fake_server(fake_vllm):
@@ -244,9 +245,9 @@ def test_vllm_client_against_fake_server(fake_vllm):
     # The custom route gets the raw URI; vLLM's cache resets follow it.
     asyncio.run(pol.refresh(5, "s3://bucket/ckpt/v5"))
     assert pol.version == 5 and _FakeVLLM.requests[1:] == [
-        ("/reload", {"model": "tiny", "version": 5, "checkpoint_uri": "s3://bucket/ckpt/v5"}), *_RESETS]
+        _PAUSE, ("/reload", {"model": "tiny", "version": 5, "checkpoint_uri": "s3://bucket/ckpt/v5"}), *_RESETS, _RESUME]
     assert pol.last_refresh_s > 0 and set(pol.last_refresh_timings) == {
-        "reload_s", "reset_prefix_cache_s", "reset_encoder_cache_s"}  # fmt: skip
+        "pause_s", "reload_s", "reset_prefix_cache_s", "reset_encoder_cache_s", "resume_s"}  # fmt: skip
 
 
 def _hf_dir(root, name: str) -> str:
@@ -263,13 +264,15 @@ def test_vllm_refresh_uses_native_reload_then_resets_caches(fake_vllm, tmp_path)
     v7 = _hf_dir(tmp_path, "run 1/v000007")
     asyncio.run(pol.refresh(7, "file://" + v7.replace(" ", "%20")))
     reload = ("/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": v7, "is_checkpoint_format": True}})
-    assert _FakeVLLM.requests == [reload, *_RESETS]  # reload first: a reset before it would be refilled by old weights
+    # paused around it; the reload first: a reset before it would be refilled by old weights
+    assert _FakeVLLM.requests == [_PAUSE, reload, *_RESETS, _RESUME]
     assert pol.version == 7 and pol.weights_dir == v7
     assert pol.last_refresh_s >= sum(pol.last_refresh_timings.values()) > 0
     # A plain path passes through; s3:// goes through `fetch`, to a directory the server can read.
     _FakeVLLM.requests.clear()
     fetched, v8 = [], _hf_dir(tmp_path, "shared/v000008")
-    pol = VLLMPolicy(fake_vllm, "tiny", fetch=lambda uri: fetched.append(uri) or v8, cache_reset_paths=())
+    pol = VLLMPolicy(fake_vllm, "tiny", fetch=lambda uri: fetched.append(uri) or v8, cache_reset_paths=(),
+                     pause_paths=())
     asyncio.run(pol.refresh(8, "s3://bucket/checkpoints/run/v000008"))
     assert fetched == ["s3://bucket/checkpoints/run/v000008"]
     assert _FakeVLLM.requests == [("/collective_rpc", {"method": "reload_weights", "kwargs": {
@@ -285,22 +288,60 @@ def test_vllm_refresh_errors_are_clear(fake_vllm, tmp_path):
     with pytest.raises(RuntimeError, match=r"keeps version 3: .*not an HF checkpoint directory"):
         asyncio.run(pol.refresh(7, str(tmp_path)))
     assert _FakeVLLM.requests == [] and pol.version == 3 and pol.last_refresh_s is None
-    # A server without dev mode: 404 on the reload; the last good weights are reloaded, the version stays.
+    # A server without dev mode: 404 on the reload; the last good weights are tried again, the version
+    # stays, the server is resumed.
     _FakeVLLM.fail["/collective_rpc"] = 404
-    dev_mode = r"POST /collective_rpc: vLLM /collective_rpc answered 404.*VLLM_SERVER_DEV_MODE=1"
+    dev_mode = r"POST /collective_rpc: vLLM /collective_rpc answered 404.*VLLM_SERVER_DEV_MODE=1.*restoring version 3"
     with pytest.raises(RuntimeError, match=dev_mode):
         asyncio.run(pol.refresh(7, v7))
-    assert [p for p, _ in _FakeVLLM.requests] == ["/collective_rpc"] * 2 and pol.version == 3
-    assert _FakeVLLM.requests[1][1]["kwargs"]["weights_path"] == v3
+    paths = [p for p, _ in _FakeVLLM.requests]
+    assert paths == [_PAUSE[0], "/collective_rpc", "/collective_rpc", _RESUME[0]] and pol.version == 3
+    assert _FakeVLLM.requests[2][1]["kwargs"]["weights_path"] == v3
     # A failing cache reset fails the refresh too (stale KV would otherwise be served silently).
     _FakeVLLM.requests.clear()
     _FakeVLLM.fail.clear()
     _FakeVLLM.fail["/reset_encoder_cache"] = 500
     with pytest.raises(RuntimeError, match=r"version 7 \(.*v000007\) failed at POST /reset_encoder_cache: .*500"):
         asyncio.run(pol.refresh(7, v7))
-    assert [p for p, _ in _FakeVLLM.requests] == ["/collective_rpc", _RESETS[0][0], "/reset_encoder_cache"]
+    assert [p for p, _ in _FakeVLLM.requests] == [_PAUSE[0], "/collective_rpc", _RESETS[0][0], "/reset_encoder_cache",
+                                                 _RESUME[0]]  # resumed after a failure too
     assert pol.version == 3
     # Nothing listening: the connection error is reported the same way.
     dead = VLLMPolicy("http://127.0.0.1:9/v1", "tiny", reload_timeout_s=5)
-    with pytest.raises(RuntimeError, match="failed at POST /collective_rpc.*weights are now undefined"):
+    with pytest.raises(RuntimeError, match="failed at POST /pause.*Connection refused"):
         asyncio.run(dead.refresh(1, v7))
+    # A reload that fails with no earlier directory known: the message says the weights are undefined.
+    _FakeVLLM.fail["/collective_rpc"] = 500
+    with pytest.raises(RuntimeError, match="failed at POST /collective_rpc.*weights are now undefined"):
+        asyncio.run(VLLMPolicy(fake_vllm, "tiny").refresh(1, v7))
+
+
+def test_vllm_refresh_waits_for_actions_in_flight_and_holds_new_ones(fake_vllm, tmp_path):
+    """No request runs across a refresh: its tokens' version is exact."""
+    v1 = _hf_dir(tmp_path, "v000001")
+    pol = VLLMPolicy(fake_vllm, "tiny")
+    slow = threading.Event()
+    post = pol._post
+
+    def post_slowly(path, body, timeout_s=None):
+        if path == "/v1/chat/completions" and not slow.is_set():
+            slow.set()
+            time.sleep(0.5)  # the first action is still at the server when the refresh starts
+        return post(path, body, timeout_s)
+
+    pol._post = post_slowly
+
+    async def scenario():
+        first = asyncio.create_task(pol.act(_obs()))
+        while not slow.is_set():
+            await asyncio.sleep(0.01)
+        refresh = asyncio.create_task(pol.refresh(1, v1))
+        await asyncio.sleep(0.05)
+        second = asyncio.create_task(pol.act(_obs()))  # sent during the refresh: waits for it
+        return await first, await refresh, await second
+
+    first, _, second = asyncio.run(scenario())
+    paths = [p for p, _ in _FakeVLLM.requests]
+    assert paths == ["/v1/chat/completions", _PAUSE[0], "/collective_rpc", *[p for p, _ in _RESETS], _RESUME[0],
+                     "/v1/chat/completions"]
+    assert first.token_policy_versions == [0] * 3 and second.token_policy_versions == [1] * 3

