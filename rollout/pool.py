@@ -306,6 +306,15 @@ class RolloutPool:
                 for _ in range(group.dispatch.group_size):
                     loop.call_soon_threadsafe(jobs.put_nowait, group)
         finally:
+            # The groups completed since the last pass: commit them now, or the next pool in this
+            # consumer group runs them again (a sync schedule stops its pool after every batch).
+            while self._done_offsets:
+                tracker.done(*self._done_offsets.pop())
+            try:
+                if tracker.committable:
+                    consumer.commit(tracker.take())
+            except Exception as exc:  # the broker is gone: those groups run again, which is safe
+                log.warning("could not commit finished groups at shutdown: %s", exc)
             consumer.close()
 
     def _group(self, d) -> _Group | None:

@@ -345,3 +345,31 @@ def test_vllm_refresh_waits_for_actions_in_flight_and_holds_new_ones(fake_vllm, 
     assert paths == ["/v1/chat/completions", _PAUSE[0], "/collective_rpc", *[p for p, _ in _RESETS], _RESUME[0],
                      "/v1/chat/completions"]
     assert first.token_policy_versions == [0] * 3 and second.token_policy_versions == [1] * 3
+
+
+def test_a_cancelled_refresh_still_completes_and_resumes_the_server(fake_vllm, tmp_path):
+    """A pool stopped mid-refresh cancels it; the server must be neither left paused nor half-refreshed."""
+    v1 = _hf_dir(tmp_path, "v000001")
+    pol = VLLMPolicy(fake_vllm, "tiny")
+    post = pol._post
+
+    def slow_reload(path, body, timeout_s=None):
+        if path == "/collective_rpc":
+            time.sleep(0.3)
+        return post(path, body, timeout_s)
+
+    pol._post = slow_reload
+
+    async def scenario():
+        refresh = asyncio.create_task(pol.refresh(1, v1))
+        await asyncio.sleep(0.1)
+        refresh.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await refresh
+
+    asyncio.run(scenario())
+    while not _FakeVLLM.requests or _FakeVLLM.requests[-1] != _RESUME:  # the swap goes on in its thread
+        time.sleep(0.05)
+    assert [p for p, _ in _FakeVLLM.requests] == [_PAUSE[0], "/collective_rpc", *[p for p, _ in _RESETS], _RESUME[0]]
+    assert pol.version == 1  # the swap completed, and says so
+    assert asyncio.run(pol.act(_obs())).token_policy_versions == [1] * 3  # the gate reopened

