@@ -53,4 +53,4 @@ bench: setup
 
 clean:
 	-$(BIN)/awrl stack down
-	rm -rf $(VENV) .awrl
+	rm -rf $(VENV) $(VLLM_VENV) .awrl
