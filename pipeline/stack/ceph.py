@@ -31,6 +31,7 @@ from pathlib import Path
 
 from pipeline.files import write_atomic
 from pipeline.stack.process import (
+    LOOPBACK_HTTP,
     ServiceProc,
     StackError,
     ensure_port_free,
@@ -48,8 +49,6 @@ _STATE = "ceph-stack.json"
 # Everything a fresh start may delete; logs are kept so a failed earlier start can still be read.
 _OWNED = ("mon", "osd0", "rgw", "run", "monmap", "keyring", "ceph.conf", _STATE)
 _S3_USER = "awrl"
-# No proxy for 127.0.0.1, whatever http_proxy says.
-_HTTP = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 @dataclass(frozen=True)
@@ -168,7 +167,7 @@ def _osd_up(ceph: list[str]) -> bool:
 def s3_healthy(creds: S3Credentials) -> bool:
     """True if radosgw answers HTTP at all (an unauthenticated GET gets some status)."""
     try:
-        _HTTP.open(f"http://{creds.endpoint}/", timeout=2).close()
+        LOOPBACK_HTTP.open(f"http://{creds.endpoint}/", timeout=2).close()
         return True
     except urllib.error.HTTPError:
         return True

@@ -39,7 +39,6 @@ class LocalStack:
     s3: S3Credentials | None = None
     durable: bool = True
     bucket: str = "awrl"
-    vllm_url: str = ""
     vllm_model: str = ""
 
     # -- lifecycle -------------------------------------------------------------------------------
@@ -77,7 +76,6 @@ class LocalStack:
         """Start the policy server beside the running services and record it."""
         proc = start_vllm(self.data_dir, config, port=port)
         self.services.append(proc)
-        self.vllm_url = f"http://127.0.0.1:{proc.port}/v1"
         self.vllm_model = config.served_model_name
         self._save()
 
@@ -136,7 +134,6 @@ class LocalStack:
             s3=S3Credentials(**raw["s3"]) if raw.get("s3") else None,
             durable=raw["durable"],
             bucket=raw["bucket"],
-            vllm_url=raw.get("vllm_url", ""),
             vllm_model=raw.get("vllm_model", ""),
         )
 
@@ -148,13 +145,17 @@ class LocalStack:
             "s3": vars(self.s3) if self.s3 else None,
             "durable": self.durable,
             "bucket": self.bucket,
-            "vllm_url": self.vllm_url,
             "vllm_model": self.vllm_model,
         }
         _write_private(self.data_dir / STATE_FILE, json.dumps(state, indent=2))
         _write_private(self.data_dir / ENV_FILE, self.dotenv())
 
     # -- views -----------------------------------------------------------------------------------
+    @property
+    def vllm_url(self) -> str:
+        """The policy server's OpenAI base URL; "" when the stack runs none."""
+        return next((f"http://127.0.0.1:{s.port}/v1" for s in self.services if s.name == "vllm"), "")
+
     def settings(self) -> StackSettings:
         assert self.s3 is not None, "stack has no S3 service"
         return StackSettings(

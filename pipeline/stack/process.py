@@ -12,10 +12,14 @@ import signal
 import socket
 import subprocess
 import time
+import urllib.request
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import psutil
+
+LOOPBACK_HTTP = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+"""HTTP to our own services on 127.0.0.1, whatever http_proxy says."""
 
 
 class StackError(RuntimeError):
@@ -140,38 +144,31 @@ def stop(proc: ServiceProc, timeout: float = 10.0) -> None:
     """SIGTERM, then SIGKILL after `timeout`; reaps it if it is our child. A `process_group` service
     gets each signal as a group (its session was started with it, so the group id is its PID), and
     members left after the leader exits are killed."""
-    was_ours = pid_alive(proc)
-    kill = os.killpg if proc.process_group else os.kill
+    group = proc.process_group and pid_alive(proc)  # only a group we saw led by our process
+
+    def alive() -> bool:
+        return pid_alive(proc) or (group and _group_alive(proc.pid))
+
     for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 5.0)):
-        if not pid_alive(proc):
+        if not alive():
             break
         try:
-            kill(proc.pid, sig)
+            (os.killpg if group else os.kill)(proc.pid, sig)
         except ProcessLookupError:
             break
         deadline = time.monotonic() + wait
-        while time.monotonic() < deadline and pid_alive(proc):
+        while time.monotonic() < deadline and alive():
             _reap(proc.pid)
             time.sleep(0.05)
     _reap(proc.pid)
-    if proc.process_group and was_ours:  # only a group we saw led by our process
-        _kill_group_rest(proc.pid, timeout)
 
 
-def _kill_group_rest(pgid: int, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(pgid, sig)
-        except ProcessLookupError:
-            return
-        while time.monotonic() < deadline:
-            try:
-                os.killpg(pgid, 0)
-            except ProcessLookupError:
-                return
-            time.sleep(0.05)
-        deadline = time.monotonic() + 5.0
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except ProcessLookupError:
+        return False
 
 
 def _reap(pid: int) -> None:

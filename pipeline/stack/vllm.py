@@ -20,11 +20,11 @@ from __future__ import annotations
 import json
 import os
 import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline.stack.process import (
+    LOOPBACK_HTTP,
     ServiceProc,
     StackError,
     ensure_port_free,
@@ -34,8 +34,6 @@ from pipeline.stack.process import (
     wait_until,
 )
 
-# No proxy for 127.0.0.1, whatever http_proxy says.
-_HTTP = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 VLLM_STARTUP_S = 420.0
 """Loading the model and warming up take about 80 s on 2 cores; more when the machine is busy."""
 _REPO_VENV = Path(__file__).resolve().parents[2] / ".venv-vllm" / "bin" / "python"
@@ -90,7 +88,7 @@ class VLLMServerConfig:
 def vllm_healthy(port: int) -> bool:
     """True once the engine answers `GET /health` with 200 (it answers 503 once the engine died)."""
     try:
-        with _HTTP.open(f"http://127.0.0.1:{port}/health", timeout=5) as resp:
+        with LOOPBACK_HTTP.open(f"http://127.0.0.1:{port}/health", timeout=5) as resp:
             return resp.status == 200
     except (OSError, urllib.error.HTTPError):
         return False
@@ -98,7 +96,7 @@ def vllm_healthy(port: int) -> bool:
 
 def start_vllm(data_dir: Path, config: VLLMServerConfig, port: int | None = None) -> ServiceProc:
     """Start the server and wait until it serves; the error carries its log's tail."""
-    python = require_binary(config.python, "build the server's environment with `make vllm-env`")
+    require_binary(config.python, "build the server's environment with `make vllm-env`")
     if not (Path(config.model_dir) / "config.json").is_file():
         raise StackError(f"vllm: {config.model_dir} is not an HF model directory (no config.json)")
     if port is None:
@@ -106,8 +104,6 @@ def start_vllm(data_dir: Path, config: VLLMServerConfig, port: int | None = None
     else:
         ensure_port_free(port, "vllm")
     log = Path(data_dir) / "log" / "vllm.log"
-    argv = config.argv(port)
-    argv[0] = python
-    proc = spawn("vllm", argv, log, port=port, env=config.env(), process_group=True)
+    proc = spawn("vllm", config.argv(port), log, port=port, env=config.env(), process_group=True)
     wait_until(lambda: vllm_healthy(port), "vllm", config.startup_timeout_s, proc, log)
     return proc
