@@ -5,17 +5,23 @@ batch (the `UpdateApplied` events sharing a `version_before`):
 
 - the batch: the groups the updates name, assembled from the ledger's `StepRecorded` and
   `GroupCompleted` events by the trainer's own fold (`trainer.batch.GroupAssembler`);
-- the start: the checkpoint of `version_before` and the optimizer state stored beside it;
+- the start: the checkpoint of `version_before` and the trainer's sharded optimizer state stored beside
+  it (DCP), read back as full tensors (`trainer.state.load_full_state`);
 - the config: the recorded `config_json`, optionally with `overrides` (a variant);
 - the maths: the trainer's own `flatten`, `shard`, `response_logprobs` and `optimizer_step` (one
-  function for both). The recorded world size is emulated: each rank's shard is accumulated alone,
-  then the ranks' gradients are summed as the all-reduce does.
+  function for both). The recorded FSDP2 world size is emulated in one process
+  (`trainer.sharding.EmulatedFSDP`): micro-batch by micro-batch, the ranks' gradients summed in rank
+  order as the reduce-scatter does, the norm from the same per-rank slices, one AdamW per rank slice.
 
-Determinism (CPU): the same intra-op thread count as the trainer (recorded as `stats["threads"]`;
-torchrun gives each of several processes 1 thread), float32, no dropout, deterministic CPU kernels.
-With 1 or 2 ranks the gradient sum is a single addition per element, so loss, gradient norm and the
-resulting weights' sha256 equal the recorded ones exactly; with more ranks the all-reduce's own
-summation order is not reproduced and the last bits may differ.
+Determinism conditions (when loss, gradient norm and the weights' sha256 equal the recorded ones bit
+for bit):
+- a CPU run in float32 (a GPU run's bf16 kernels are not reproduced on CPU: replay then agrees to
+  rounding, not bitwise);
+- the same intra-op thread count as each trainer rank (recorded as `stats["threads"]`; torchrun gives
+  each of several processes 1 thread), no dropout, deterministic CPU kernels;
+- 1 or 2 ranks: the reduce-scatter's sum is then a single addition per element. With more ranks the
+  collective's summation order is not reproduced and the last bits may differ;
+- the same torch version (kernels and AdamW's arithmetic).
 
 Each batch is replayed from its recorded start, not from the previous replayed batch: a variant's
 effect is measured one update at a time on the batches the run actually saw.
@@ -25,7 +31,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import tempfile
 from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
@@ -43,9 +48,12 @@ from pipeline.store import ScreenshotStore
 from schemas import BY_NAME, UpdateApplied, table_to_events
 from trainer.batch import GroupAssembler, TrainGroup
 from trainer.config import TrainConfig
+from trainer.sharding import EmulatedFSDP
+from trainer.state import load_full_state
 from trainer.update import (
     Scorer,
     StepSample,
+    combine,
     flatten,
     optimizer_step,
     response_logprobs,
@@ -126,15 +134,14 @@ class RunLedger:
         """The local directory of a published version's weights."""
         return self.checkpoints.download(self._versions[version].checkpoint_uri)
 
-    def start(self, version: int, config: TrainConfig):
-        """(model, tokenizer, image processor, optimizer) as the trainer held them at `version`."""
+    def start(self, version: int, config: TrainConfig, world: int):
+        """(model, tokenizer, image processor, optimizer) as `world` trainer ranks held them at `version`."""
         model, tokenizer, processor = load_tiny_vlm(self.checkpoint(version))
         model.train()
-        optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
-        with tempfile.TemporaryDirectory() as tmp:
-            state = self.checkpoints.get_state(self.run_id, version, "optimizer.pt", Path(tmp) / "optimizer.pt")
-            if state is not None:
-                optimizer.load_state_dict(torch.load(state))
+        optimizer = EmulatedFSDP(model, world, lr=config.lr, weight_decay=config.weight_decay)
+        state = load_full_state(self.checkpoints, self.run_id, version)
+        if state is not None:  # the initial version has none: a fresh optimizer, as the trainer had
+            optimizer.load_state(state["optimizer"]["state"])
         return model, tokenizer, processor, optimizer
 
 
@@ -167,7 +174,7 @@ def replay_batch(ledger: RunLedger, recorded: list[UpdateApplied], overrides: di
     config = with_overrides(TrainConfig.model_validate_json(first.config_json), overrides or {})
     world = first.world_size
     torch.set_num_threads(int(first.stats.get("threads", 1 if world > 1 else torch.get_num_threads())))
-    model, tokenizer, processor, optimizer = ledger.start(first.version_before, config)
+    model, tokenizer, processor, optimizer = ledger.start(first.version_before, config, world)
     scorer = Scorer(model, tokenizer, processor, suppressed_token_ids(tokenizer), ledger.fetch)
     minibatches = [ledger.groups(u.group_ids, config.control) for u in recorded]
     flat = [flatten(mb) for mb in minibatches]
@@ -180,11 +187,11 @@ def replay_batch(ledger: RunLedger, recorded: list[UpdateApplied], overrides: di
     out = []
     for m, (u, (_, num_trajectories)) in enumerate(zip(recorded, flat)):
         step = optimizer_step(scorer, optimizer, config, u.update_step, shards[m], num_trajectories,
-                              first.version_before, proximal[m] if proximal else None, lambda _: None,
+                              first.version_before, proximal[m] if proximal else None,
                               reference[m] if reference else None)
-        merged = {k: torch.cat([t[k] for t in step.tokens]) for k in step.tokens[0]}
-        out.append(Replayed(u.update_step, u.version_before, step.loss, step.grad_norm,
-                            weights_sha256(model.state_dict()), update_stats(merged, config)))
+        loss, tokens = combine(step.scored)
+        out.append(Replayed(u.update_step, u.version_before, loss, step.grad_norm,
+                            weights_sha256(model.state_dict()), update_stats(tokens, config)))
     return out, model, scorer
 
 

@@ -239,8 +239,10 @@ def train(
     max_updates: int = typer.Option(None, help="Stop after this many optimizer steps."),
     batch_timeout: float = typer.Option(None, help="Stop when no batch arrives for this many seconds."),
     slow_s: float = typer.Option(0.0, help="Extra seconds per update (to study a slow trainer)."),
+    activation_checkpointing: bool = typer.Option(False, help="Recompute block activations in backward (less memory)."),
 ) -> None:
-    """Train on a live run's events with torchrun; publish every version as an event + S3 checkpoint."""
+    """Train on a live run's events with torchrun (FSDP2 over --nproc ranks); publish every version as an
+    event + S3 checkpoint."""
     from trainer.config import TrainConfig
     from trainer.launch import launch
     from trainer.losses import GRPOConfig
@@ -248,8 +250,8 @@ def train(
     config = TrainConfig(run_id=run_id, model_dir=model_dir, loss=loss, grpo=GRPOConfig(normalizer=normalizer),
                          groups_per_update=groups_per_update, eta=eta, lr=lr, minibatches=minibatches,
                          entropy_coef=entropy_coef, kl_coef=kl_coef, max_updates=max_updates,
-                         batch_timeout_s=batch_timeout,
-                         slow_s=slow_s)
+                         batch_timeout_s=batch_timeout, slow_s=slow_s,
+                         activation_checkpointing=activation_checkpointing)
     raise typer.Exit(launch(config, nproc))
 
 

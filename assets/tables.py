@@ -143,11 +143,16 @@ def updates(context: dg.AssetExecutionContext, ledger: Ledger) -> dg.Output[pa.T
     ledger keeps them, with the config, for replay)."""
     events = ledger.events(context.partition_key, "UpdateApplied", columns=[
         "update_step", "version_before", "version_after", "group_ids", "trajectory_ids", "loss",
-        "grad_norm", "stats", "duration_s", "wait_s", "compute_s", "world_size", "weights_sha256", "emitted_at"])
+        "grad_norm", "stats", "duration_s", "wait_s", "compute_s", "world_size", "memory", "weights_sha256",
+        "emitted_at"])
+    # per-rank memory (schema 4 on): the largest rank's peak and sharded state, null for older events
     table = sql("""
         select update_step, version_before, version_after, len(group_ids) as groups,
                len(trajectory_ids) as trajectories, loss, grad_norm, stats, duration_s, wait_s, compute_s,
-               world_size, weights_sha256, emitted_at as applied_at
+               world_size, list_max(list_transform(memory, lambda m: m.peak_bytes)) as peak_bytes_max_rank,
+               list_max(list_transform(memory, lambda m: m.params_bytes + m.grads_bytes + m.optimizer_bytes))
+                   as state_bytes_max_rank,
+               weights_sha256, emitted_at as applied_at
         from e order by update_step""", e=events)
     metadata: dict = {"dagster/row_count": table.num_rows}
     if table.num_rows:

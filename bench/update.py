@@ -6,7 +6,7 @@ A batch of `groups` groups (2 trajectories x 2 steps, 1280x720 page screenshots,
 from the tiny VLM) is recorded once, its screenshots put in a freshly started local S3. Then, in one
 run, each figure the median of `reps`:
   1 process            forward + backward + optimizer step, screenshots prefetched from S3
-  2 processes (gloo)   the same batch sharded over `torchrun --nproc_per_node 2` + all-reduce
+  2 processes (gloo)   the same batch over `torchrun --nproc_per_node 2`, FSDP2-sharded as the trainer is
   no prefetch          1 process, each sample's screenshots fetched just before its forward
   2 minibatches        1 process, pi_prox scored in a separate no-grad pass, then 2 optimizer steps
 Ratios are against "1 process". Writes bench/out/trainer.json.
@@ -72,24 +72,26 @@ def worker(batch_path: str, mode: str, reps: int, out_path: str) -> None:
     """One timed update per rep, under torchrun (any number of processes)."""
     import torch
     import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
 
     from model.inputs import suppressed_token_ids
     from model.tiny_vlm import ensure_tiny_vlm, load_tiny_vlm
     from pipeline.settings import StackSettings
     from pipeline.store import ScreenshotStore
     from trainer.config import TrainConfig
-    from trainer.update import Scorer, accumulate_gradients, all_reduce_gradients, flatten, response_logprobs, shard
+    from trainer.sharding import FSDPOptimizer, shard_model
+    from trainer.update import Scorer, flatten, optimizer_step, response_logprobs, shard
 
     torch.set_num_threads(1)  # two ranks share two cores
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     batch = pickle.loads(Path(batch_path).read_bytes())
     model, tokenizer, processor = load_tiny_vlm(ensure_tiny_vlm())
-    model.train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
+    model = shard_model(model.train(), init_device_mesh("cpu", (world,)))  # the trainer's FSDP2 path
+    optimizer = FSDPOptimizer(model, lr=1e-5, weight_decay=0.0)
     store = ScreenshotStore.from_settings(StackSettings())
     scorer = Scorer(model, tokenizer, processor, suppressed_token_ids(tokenizer), store.get)
-    config = TrainConfig(run_id="bench", minibatches=2 if mode == "minibatches" else 1)
+    config = TrainConfig(run_id="bench", lr=1e-5, minibatches=2 if mode == "minibatches" else 1)
     if mode == "no_prefetch":
         import trainer.update as update
 
@@ -104,10 +106,7 @@ def worker(batch_path: str, mode: str, reps: int, out_path: str) -> None:
         mine = [shard(samples, rank, world) for samples, _ in flat]
         proximal = [response_logprobs(scorer, s, 1.0) for s in mine] if config.minibatches > 1 else None
         for m, (_, n) in enumerate(flat):
-            optimizer.zero_grad()
-            accumulate_gradients(scorer, mine[m], n, 0, config, proximal[m] if proximal else None)
-            all_reduce_gradients(model, world)
-            optimizer.step()
+            optimizer_step(scorer, optimizer, config, 0, [mine[m]], n, 0, [proximal[m]] if proximal else None)
         dist.barrier()
         times.append(time.perf_counter() - t0)
     if rank == 0:

@@ -125,14 +125,16 @@ def make_image_processor() -> Qwen2VLImageProcessorPil:
     )  # fmt: skip
 
 
-def save_tiny_vlm(model, tokenizer, model_dir: str | Path, overwrite: bool = True, image_processor=None) -> Path:
+def save_tiny_vlm(model, tokenizer, model_dir: str | Path, overwrite: bool = True, image_processor=None,
+                  state_dict: dict | None = None) -> Path:
     """Write a standard HF model directory (atomically: built aside, then renamed into place).
-    `image_processor`: the model's own (a loaded checkpoint's); None writes the tiny model's."""
+    `image_processor`: the model's own (a loaded checkpoint's); None writes the tiny model's.
+    `state_dict`: the full weights to write when `model`'s own are sharded (FSDP2)."""
     final = Path(model_dir)
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=final.name + ".", dir=final.parent))
     try:
-        model.save_pretrained(tmp)
+        model.save_pretrained(tmp, state_dict=state_dict)
         tokenizer.save_pretrained(tmp)
         _declare_qwen2_tokenizer(tmp / "tokenizer_config.json")
         (image_processor or make_image_processor()).save_pretrained(tmp)

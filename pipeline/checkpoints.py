@@ -164,20 +164,23 @@ class CheckpointStore:
         self.stats.bytes_uploaded += size
         return ManifestEntry(path.name, size, reader.hexdigest())
 
-    def put_state(self, path: Path, run_id: str, version: int) -> None:
+    def put_state(self, path: Path, run_id: str, version: int, name: str | None = None) -> None:
         """Trainer-only state (optimizer moments, ~2x the weights) beside the checkpoint, not in it, so
-        rollout refreshes never fetch it. Put it before `upload`: the manifest commits both."""
-        self.client.fput_object(self.bucket, f"{self.key(run_id, version)}.trainer/{path.name}", str(path),
+        rollout refreshes never fetch it; `name` (default: the file's) may hold a folder, as a sharded
+        state's files do. Put it before `upload`: the manifest commits both."""
+        self.client.fput_object(self.bucket, f"{self.key(run_id, version)}.trainer/{name or path.name}", str(path),
                                 part_size=_part_size(path.stat().st_size))
 
-    def get_state(self, run_id: str, version: int, name: str, dest: Path) -> Path | None:
-        """The trainer state file `name` of a version, downloaded to `dest`; None if there is none."""
-        try:
-            self.client.fget_object(self.bucket, f"{self.key(run_id, version)}.trainer/{name}", str(dest))
-        except S3Error as exc:
-            if exc.code in _MISSING:
-                return None
-            raise
+    def get_state_dir(self, run_id: str, version: int, folder: str, dest: Path) -> Path | None:
+        """Every trainer state file under `folder` of a version, downloaded into `dest`; None if there
+        are none."""
+        prefix = f"{self.key(run_id, version)}.trainer/{folder.strip('/')}/"
+        names = [o.object_name for o in self.client.list_objects(self.bucket, prefix=prefix, recursive=True)]
+        if not names:
+            return None
+        dest.mkdir(parents=True, exist_ok=True)
+        with ThreadPoolExecutor(self.workers) as pool:
+            list(pool.map(lambda n: self.client.fget_object(self.bucket, n, str(dest / n[len(prefix):])), names))
         return dest
 
     # -- download --------------------------------------------------------------------------------

@@ -20,9 +20,10 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainSeriali
 
 from schemas.actions import Action
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 """2: GroupDropped; UpdateApplied timings and staleness; PolicyVersionPublished lineage.
-3: EvaluationCompleted (a learning curve's points)."""
+3: EvaluationCompleted (a learning curve's points).
+4: UpdateApplied.memory (per-rank bytes of the sharded trainer; null in older files)."""
 Sha256 = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
 Outcome = Literal["success", "failure", "env_error"]
 
@@ -211,6 +212,24 @@ class GroupCompleted(Event):
         return self
 
 
+class RankMemory(BaseModel):
+    """One trainer rank's memory during an optimizer step."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    rank: int = Field(ge=0)
+    params_bytes: int = Field(ge=0)
+    """This rank's parameter shards."""
+    grads_bytes: int = Field(ge=0)
+    """This rank's gradient shards."""
+    optimizer_bytes: int = Field(ge=0)
+    """This rank's optimizer state (AdamW's two moments and step counters)."""
+    peak_bytes: int = Field(ge=0)
+    """High-water mark during the step: the CUDA allocator's peak on GPU, the process's peak resident
+    set on CPU (which includes the Python runtime and libraries, some hundreds of MB)."""
+    device: Literal["cpu", "cuda"]
+
+
 class UpdateApplied(Event):
     """One optimizer step of the trainer, with the exact batch and what it did."""
 
@@ -236,7 +255,9 @@ class UpdateApplied(Event):
     compute_s: float = Field(default=0.0, ge=0)
     """Time in forward/backward/optimizer, all ranks in lock step."""
     world_size: int = Field(default=1, ge=1)
-    """Trainer processes that computed this update (data parallel)."""
+    """Trainer processes that computed this update (FSDP2 data parallel)."""
+    memory: list[RankMemory] | None = None
+    """Each rank's memory, in rank order (None in events older than `SCHEMA_VERSION` 4)."""
 
 
 class PolicyVersionPublished(Event):

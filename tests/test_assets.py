@@ -14,7 +14,7 @@ from assets.io import Ledger, ParquetIOManager
 from assets.sensors import ledger_sensor
 from pipeline.ledger import LedgerWriter
 from pipeline.settings import StackSettings
-from schemas import BY_NAME, PolicyVersionPublished, UpdateApplied
+from schemas import BY_NAME, PolicyVersionPublished, RankMemory, UpdateApplied
 from trainer.advantages import group_advantages, informative
 
 from samples import sample_group
@@ -35,7 +35,9 @@ def write_sample_run(root: str, run_id: str = RUN, groups: int = 2) -> dict[str,
     events.append(UpdateApplied(run_id=run_id, update_step=0, version_before=0, version_after=1,
                                 group_ids=[f"g{g}" for g in range(groups)], trajectory_ids=trained, loss=0.5,
                                 grad_norm=1.0, stats={"clip_frac": 0.1}, config_json="{}",
-                                weights_sha256=SHA, duration_s=0.2))
+                                weights_sha256=SHA, duration_s=0.2, world_size=2,
+                                memory=[RankMemory(rank=r, params_bytes=400, grads_bytes=400, optimizer_bytes=800 + r,
+                                                   peak_bytes=10_000 * (r + 1), device="cpu") for r in range(2)]))
     by_type: dict[str, list] = {}
     for e in events:
         by_type.setdefault(type(e).__name__, []).append(e)
@@ -88,6 +90,8 @@ def test_assets_materialize_with_row_counts(run):
     assert sum(t["length"] for t in traj) == n_steps
     assert {t["outcome"] for t in traj} <= {"success", "failure"}
     assert _table(root, "throughput").column("steps").to_pylist() == [n_steps]  # written within a minute
+    (update,) = _table(root, "updates").to_pylist()
+    assert (update["peak_bytes_max_rank"], update["state_bytes_max_rank"]) == (20_000, 1601)  # the larger rank
     (curve,) = _table(root, "learning_curve").to_pylist()
     finished = events["EpisodeFinished"]
     assert (curve["policy_version"], curve["trajectories"], curve["successes"]) == (

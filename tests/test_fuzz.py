@@ -12,14 +12,13 @@ import json
 import random
 from dataclasses import dataclass
 
-import pyarrow.parquet as pq
 import pytest
 from hypothesis import HealthCheck, Phase, given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
 from pipeline.bus import EventProducer, _rejection, read_records, topic_name
-from pipeline.ledger import LedgerConfig, LedgerWriter, ledger_filesystem, list_parquet
+from pipeline.ledger import LedgerConfig, LedgerWriter
 from pipeline.topics import DEAD_LETTER, ROLLOUT, TASKS, TRAINER, Topic, topic_of
 from schemas import (
     EvaluationCompleted,

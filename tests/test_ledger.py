@@ -14,7 +14,6 @@ import pyarrow.dataset as ds
 
 from pipeline.bus import EventProducer
 from pipeline.ledger import LedgerWriter, ledger_filesystem, list_parquet
-from schemas import StepRecorded
 
 from faults import account
 from samples import sample_group

@@ -9,6 +9,7 @@ from schemas import (
     EvaluationCompleted,
     GroupDropped,
     PolicyVersionPublished,
+    RankMemory,
     TaskGroupDispatched,
     UpdateApplied,
     arrow_schema,
@@ -30,7 +31,9 @@ def one_of_each():
                             horizon=10, dispatched_at_version=0),
         UpdateApplied(run_id="run", update_step=0, version_before=0, version_after=1, group_ids=["g0"],
                       trajectory_ids=["g0-t0"], loss=0.5, grad_norm=1.25, stats={"clip_frac": 0.1},
-                      config_json="{}", weights_sha256=SHA, duration_s=2.0),
+                      config_json="{}", weights_sha256=SHA, duration_s=2.0, world_size=2,
+                      memory=[RankMemory(rank=r, params_bytes=4, grads_bytes=4, optimizer_bytes=8, peak_bytes=100,
+                                         device="cpu") for r in range(2)]),
         PolicyVersionPublished(run_id="run", version=1, checkpoint_uri="s3://awrl/ckpt/1",
                                checkpoint_sha256=SHA, update_step=0, parent_version=0, update_ids=["u0"]),
         GroupDropped(run_id="run", group_id="g1", task_id="t", reason="stale", trainer_version=3,
@@ -55,6 +58,16 @@ def test_event_arrow_event_round_trip(cls, tmp_path):
     assert table.schema == arrow_schema(cls)
     pq.write_table(table, tmp_path / "t.parquet")
     assert table_to_events(pq.read_table(tmp_path / "t.parquet"), cls) == events
+
+
+def test_an_update_written_before_per_rank_memory_reads_back_with_none(tmp_path):
+    import pyarrow.dataset as ds
+    import pyarrow.parquet as pq
+
+    (update,) = [e for e in one_of_each() if isinstance(e, UpdateApplied)]
+    pq.write_table(events_to_table([update]).drop_columns(["memory"]), tmp_path / "v3.parquet")  # a schema-3 file
+    table = ds.dataset([str(tmp_path / "v3.parquet")], schema=arrow_schema(UpdateApplied)).to_table()
+    assert table_to_events(table, UpdateApplied) == [update.model_copy(update={"memory": None})]
 
 
 def test_arrow_schema_is_derived_from_the_model():

@@ -1,10 +1,12 @@
 """The trainer without a broker: group assembly and commit positions, the update maths on real
-samples from the tiny VLM (log-probs equal the sampler's, proximal pass, sharded gradients), and
-torchrun with 2 gloo processes computing the 1-process gradient."""
+samples from the tiny VLM (log-probs equal the sampler's, proximal pass), and the FSDP2 trainer under
+torchrun (1 and 2 gloo ranks, uneven shards) against the 1-process update and replay's emulation."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import os
 import pickle
 import subprocess
 import sys
@@ -16,13 +18,24 @@ import torch
 from model.inputs import suppressed_token_ids
 from model.prompt import render_prompt
 from model.tiny_vlm import save_tiny_vlm
-from pipeline.hashing import sha256_hex
+from pipeline.hashing import sha256_hex, weights_sha256
 from rollout.policy.local import LocalPolicy
 from schemas import GroupCompleted
 from schemas.observation import Mark, Observation
 from trainer.batch import GroupAssembler, TrainGroup
 from trainer.config import TrainConfig
-from trainer.update import Scorer, accumulate_gradients, flatten, response_logprobs, shard, update_stats
+from trainer.sharding import EmulatedFSDP
+from trainer.update import (
+    Scorer,
+    accumulate_gradients,
+    combine,
+    flatten,
+    interleave,
+    optimizer_step,
+    response_logprobs,
+    shard,
+    update_stats,
+)
 
 from samples import render_page, sample_group, sample_step
 
@@ -120,7 +133,7 @@ def test_trainer_log_probs_equal_the_samplers_and_the_proximal_pass():
     assert trajectories == 4 and len(samples) == 6
     scorer = _scorer(_fresh_model())
     config = TrainConfig(run_id="run")
-    _, tokens = accumulate_gradients(scorer, samples, trajectories, 0, config)
+    _, tokens = combine(accumulate_gradients(scorer, samples, trajectories, 0, config))
     # rebuilt from recorded ids and screenshot hashes: the sampler's log-probs to float rounding
     assert (tokens["logprobs"] - tokens["behave"]).abs().max() < 1e-4
     stats = update_stats(tokens, config)
@@ -138,7 +151,7 @@ def test_kl_penalty_to_an_identical_reference_changes_nothing_and_to_another_pul
         scorer = _scorer(model)
         config = TrainConfig(run_id="run", kl_coef=kl_coef)
         reference = response_logprobs(scorer, samples, 1.0)  # pi_ref == pi_theta: k3 and its gradient are 0
-        _, tokens = accumulate_gradients(scorer, samples, trajectories, 0, config, reference=reference)
+        _, tokens = combine(accumulate_gradients(scorer, samples, trajectories, 0, config, reference=reference))
         grads[name] = [p.grad.clone() for p in model.parameters() if p.grad is not None]
         assert update_stats(tokens, config)["kl_ref"] == 0.0
     assert all(torch.equal(a, b) for a, b in zip(grads["plain"], grads["same"]))
@@ -154,39 +167,93 @@ def test_kl_penalty_to_an_identical_reference_changes_nothing_and_to_another_pul
     frozen = scorer.frozen(tmp_path / "ref")
     assert not any(p.requires_grad for p in frozen.model.parameters())
     config = TrainConfig(run_id="run", kl_coef=1.0)
-    _, tokens = accumulate_gradients(scorer, samples, trajectories, 0, config,
-                                     reference=response_logprobs(frozen, samples, 1.0))
+    _, tokens = combine(accumulate_gradients(scorer, samples, trajectories, 0, config,
+                                             reference=response_logprobs(frozen, samples, 1.0)))
     assert update_stats(tokens, config)["kl_ref"] > 0
 
 
-def test_sharded_gradients_sum_to_the_whole_batch_gradient():
+def test_shards_are_padded_to_equal_counts_and_interleave_back_to_the_one_process_order():
+    batch, _ = _batch()
+    samples, _ = flatten(batch)
+    five = samples[:5]
+    ranks = [shard(five, r, 2) for r in range(2)]
+    assert [len(s) for s in ranks] == [3, 3] and [sum(x.live for x in s) for s in ranks] == [3, 2]
+    pad = ranks[1][-1]
+    assert not pad.live and pad in [x.__class__(**{**vars(x), "live": False}) for x in five]
+    assert len(pad.prompt_token_ids + pad.response_token_ids) == min(
+        len(x.prompt_token_ids + x.response_token_ids) for x in five)  # the batch's shortest
+    whole = shard(five, 0, 1)
+    assert [x for x in interleave(ranks) if x.live] == whole  # rank r's k-th sample is k * world + r
+    assert [len(s) for s in (shard(samples[:1], r, 2) for r in range(2))] == [1, 1]  # fewer samples than ranks
+
+
+def _torchrun_steps(tmp_path, samples, trajectories, config, nproc: int, steps: int = 2) -> list[dict]:
+    _, images = _batch()
+    name = f"{nproc}-{len(samples)}-{config.activation_checkpointing}"
+    (tmp_path / f"{name}.pkl").write_bytes(pickle.dumps(
+        (samples, trajectories, images, _policy().model.state_dict(), config, steps)))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+           str(Path(__file__).with_name("torchrun_step.py")), str(tmp_path / f"{name}.pkl"), str(tmp_path / f"{name}.pt")]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return torch.load(tmp_path / f"{name}.pt", weights_only=False)
+
+
+def _emulated_steps(samples, trajectories, config, world: int, steps: int = 2) -> list[tuple[float, float, str]]:
+    model = _fresh_model()
+    emulated, scorer, out = EmulatedFSDP(model, world, config.lr, config.weight_decay), _scorer(model), []
+    with _threads(1):
+        for s in range(steps):
+            step = optimizer_step(scorer, emulated, config, s, [shard(samples, r, world) for r in range(world)],
+                                  trajectories, 0, None)
+            out.append((combine(step.scored)[0], step.grad_norm, weights_sha256(model.state_dict())))
+    return out
+
+
+@contextlib.contextmanager
+def _threads(n: int):
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_fsdp2_ranks_equal_one_process_and_replay_emulates_them_bit_for_bit(tmp_path):
+    """Two AdamW steps (lr 1e-3) of the FSDP2 trainer under torchrun, 1 and 2 gloo ranks, even (6
+    samples) and uneven (5: one rank runs a padding sample), against the 1-process emulation."""
     batch, _ = _batch()
     samples, trajectories = flatten(batch)
-    config = TrainConfig(run_id="run")
-    whole = _fresh_model()
-    accumulate_gradients(_scorer(whole), samples, trajectories, 0, config)
-    parts = _fresh_model()
-    for rank in range(2):  # what two ranks add up with the all-reduce
-        accumulate_gradients(_scorer(parts), shard(samples, rank, 2), trajectories, 0, config)
-    for a, b in zip(whole.parameters(), parts.parameters()):
-        if a.grad is not None:
-            assert torch.allclose(a.grad, b.grad, atol=1e-6, rtol=1e-4)
-    assert sum(p.grad.abs().sum() for p in whole.parameters() if p.grad is not None) > 0
+    config = TrainConfig(run_id="run", lr=1e-3)
+    one = _torchrun_steps(tmp_path, samples, trajectories, config, 1)
+    two = _torchrun_steps(tmp_path, samples, trajectories, config, 2)
+    assert one[0]["loss"] == two[0]["loss"]  # same weights: per-sample losses, summed in the same order
+    for a, b in zip(one, two):
+        assert b["loss"] == pytest.approx(a["loss"], rel=1e-4)  # after a step the weights differ in the last bits
+        assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-6)  # the gradient sum is associated differently
+        assert max((a["weights"][k] - b["weights"][k]).abs().max().item() for k in a["weights"]) < 1e-5
+        assert a["scored"] == b["scored"] == 6
+    # sharding: each rank holds half of every parameter, gradient and AdamW moment
+    (m1,), (r0, r1) = one[-1]["memory"], two[-1]["memory"]
+    for key in ("params_bytes", "grads_bytes", "optimizer_bytes"):
+        assert abs(r0[key] - m1[key] / 2) <= 0.01 * m1[key] and abs(r1[key] - m1[key] / 2) <= 0.01 * m1[key]
+
+    uneven = _torchrun_steps(tmp_path, samples[:5], trajectories, config, 2)
+    assert [u["scored"] for u in uneven] == [5, 5]
+    for world, recorded, subset in ((1, one, samples), (2, two, samples), (2, uneven, samples[:5])):
+        replayed = _emulated_steps(subset, trajectories, config, world)
+        assert replayed == [(r["loss"], r["grad_norm"], weights_sha256(r["weights"])) for r in recorded], world
 
 
-def test_torchrun_two_processes_compute_the_one_process_gradient(tmp_path):
-    batch, images = _batch()
-    (tmp_path / "batch.pkl").write_bytes(pickle.dumps((batch, images, _policy().model.state_dict())))
-    grads = {}
-    for n in (1, 2):
-        out = tmp_path / f"grad{n}.pt"
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}",
-               str(Path(__file__).with_name("torchrun_gradient.py")), str(tmp_path / "batch.pkl"), str(out)]
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        grads[n] = torch.load(out)
-    assert grads[1].abs().sum() > 0
-    assert torch.allclose(grads[1], grads[2], atol=1e-6, rtol=1e-4)
+def test_activation_checkpointing_changes_no_bit(tmp_path):
+    batch, _ = _batch()
+    samples, trajectories = flatten(batch)
+    plain = _torchrun_steps(tmp_path, samples, trajectories, TrainConfig(run_id="run", lr=1e-3), 2, steps=1)
+    checkpointed = _torchrun_steps(tmp_path, samples, trajectories,
+                                   TrainConfig(run_id="run", lr=1e-3, activation_checkpointing=True), 2, steps=1)
+    assert weights_sha256(plain[0]["weights"]) == weights_sha256(checkpointed[0]["weights"])
+    assert (plain[0]["loss"], plain[0]["grad_norm"]) == (checkpointed[0]["loss"], checkpointed[0]["grad_norm"])
 
 
 def test_learning_rate_warms_up_then_decays_linearly():

@@ -71,6 +71,12 @@ class TrainConfig(BaseModel):
     """A negative control: `shuffled_rewards` permutes each group's rewards (seeded by the group id)
     before its advantages are computed, so the advantages carry no information about the actions and
     nothing should be learned. A learning claim is only as good as its control."""
+    activation_checkpointing: bool = False
+    """Recompute each vision and decoder block's activations in backward instead of keeping them: less
+    memory for long multi-step screenshot prompts, about a third more compute."""
+    bf16: bool = True
+    """On GPU: bf16 parameters in forward and backward, fp32 gradient reduction and master weights
+    (FSDP2's mixed precision). CPU runs stay fp32, which is what replay reproduces bit for bit."""
     seed: int = 0
     consumer_group: str = ""
     """Kafka consumer group of the batch builder; empty means `trainer-<run_id>`."""

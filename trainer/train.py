@@ -1,21 +1,23 @@
-"""The trainer: consume version-filtered task groups, update the policy, publish versions as events.
+"""The trainer: consume version-filtered task groups, update the FSDP2-sharded policy, publish versions.
 
 Single node, CPU, 2 processes (gloo):
     awrl train --run-id RUN --nproc 2
     # which runs: torchrun --standalone --nproc_per_node 2 -m trainer.train --config CONFIG.json
 
-Multi-node, GPU (NCCL), on every node:
-    torchrun --nnodes 2 --node_rank $NODE --nproc_per_node 8 \
-        --rdzv_backend c10d --rdzv_endpoint $HEAD:29400 -m trainer.train --config CONFIG.json
+N nodes x 8 GPUs (NCCL), on every node, with NODE = 0..N-1 and HEAD the address of node 0:
+    torchrun --nnodes N --node_rank $NODE --nproc_per_node 8 \
+        --rdzv_backend c10d --rdzv_endpoint $HEAD:29400 --rdzv_id RUN -m trainer.train --config CONFIG.json
 
-Rank 0 alone talks to Kafka: it builds each batch (`trainer.batch`), broadcasts it, and after the step
-writes the checkpoint to S3 and publishes `UpdateApplied` + `PolicyVersionPublished`, then commits the
-consumed offsets. Every rank scores its shard of the batch's steps; gradients are summed across ranks
-by one all-reduce of a flat buffer (what DDP does, without its requirement that every rank run the same
-number of forward passes), so N processes compute exactly the 1-process gradient.
+Rank 0 alone talks to Kafka: it builds each batch (`trainer.batch`) and broadcasts it; after the step
+it publishes `UpdateApplied` + `PolicyVersionPublished` and commits the consumed offsets. The policy
+is sharded with FSDP2 (`trainer.sharding`): each rank holds 1/world_size of the weights, gradients
+and AdamW moments, and scores its share of the batch's steps (`trainer.update.shard`, padded so every
+rank runs the same forwards and backwards). Each version is stored twice: every rank's shards with
+DCP (trainer state, for resuming) and the gathered weights as a standard HF directory (for the pool
+and vLLM), committed by its manifest (`trainer.state`).
 
-Crash safety: a restarted trainer resumes from the last published version (weights from its
-checkpoint, optimizer state stored beside it) and the committed offsets; groups named by a published update or by
+Crash safety: a restarted trainer resumes from the last published version (weights and optimizer
+shards from its DCP state) and the committed offsets; groups named by a published update or by
 `GroupDropped` are skipped, so no group is trained twice and none is lost.
 """
 
@@ -27,11 +29,12 @@ import os
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
 
 from model.inputs import suppressed_token_ids
 from model.tiny_vlm import ensure_tiny_vlm, load_tiny_vlm, save_tiny_vlm
@@ -41,13 +44,17 @@ from pipeline.hashing import weights_sha256
 from pipeline.settings import StackSettings
 from pipeline.store import ScreenshotStore, patiently
 from pipeline.topics import TRAINER
-from schemas import GroupDropped, PolicyVersionPublished, UpdateApplied
+from schemas import GroupDropped, PolicyVersionPublished, RankMemory, UpdateApplied
 from trainer.batch import BatchBuilder
 from trainer.config import TrainConfig
+from trainer.sharding import FSDPOptimizer, peak_memory, reset_peak_memory, shard_model, state_bytes
+from trainer.state import full_state_dict, load_sharded, save_sharded
 from trainer.update import (
+    Scored,
     Scorer,
-    all_reduce_gradients,
+    combine,
     flatten,
+    interleave,
     optimizer_step,
     response_logprobs,
     shard,
@@ -68,12 +75,14 @@ class _Trainer:
     scorer: Scorer
     reference: Scorer | None
     """The frozen version 0 (the KL penalty's pi_ref), when `config.kl_coef` > 0."""
-    optimizer: torch.optim.Optimizer
+    optimizer: FSDPOptimizer
     checkpoints: CheckpointStore
     version: int
     update_step: int
     producer: EventProducer | None = None
     builder: BatchBuilder | None = None
+    weights: dict[str, torch.Tensor] | None = None
+    """Rank 0: the full weights after the last optimizer step (gathered once, hashed and published)."""
 
     @property
     def leader(self) -> bool:
@@ -85,8 +94,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--config", required=True, help="TrainConfig as a JSON file")
     config = TrainConfig.model_validate_json(Path(parser.parse_args(argv).config).read_text())
     cuda = torch.cuda.is_available()
-    dist.init_process_group(backend="nccl" if cuda else "gloo")
     device = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}" if cuda else "cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    dist.init_process_group(backend="nccl" if cuda else "gloo")
     torch.manual_seed(config.seed)
     t = _start(config, StackSettings(), device)
     while config.max_updates is None or t.update_step < config.max_updates:
@@ -101,9 +112,8 @@ def main(argv: list[str] | None = None) -> None:
             break
         updates = _train_batch(t, batch, time.perf_counter() - t_wait)
         t.version += 1
+        _publish(t, updates)
         if t.leader:
-            _publish(t.producer, t.checkpoints, t.scorer, t.optimizer, config, t.version, t.version - 1, updates,
-                     t.update_step - 1)
             t.builder.trained(batch)
             t.builder.commit()
             log.info("v%d loss %+.4f groups %d dropped %s wait %.1fs compute %.1fs", t.version, updates[-1].loss,
@@ -116,7 +126,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _start(config: TrainConfig, settings: StackSettings, device: torch.device) -> _Trainer:
-    """Resume from the run's last published version (weights and optimizer state), or start at version 0."""
+    """Resume from the run's last published version (weights and optimizer shards), or start at version 0."""
     rank, world = dist.get_rank(), dist.get_world_size()
     if rank == 0:
         # the trainer's own lines at INFO; libraries (the Kafka client) only when they warn
@@ -135,18 +145,23 @@ def _start(config: TrainConfig, settings: StackSettings, device: torch.device) -
         for version in (latest, first) if config.kl_coef else (latest,):
             weights(version)
     dist.barrier()
-    model_dir = weights(latest)
-    model, tokenizer, image_processor = load_tiny_vlm(model_dir)
-    model.to(device).train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    mesh = init_device_mesh(device.type, (world,))
+    bf16 = device.type == "cuda" and config.bf16
+
+    def sharded(model: torch.nn.Module) -> torch.nn.Module:
+        return shard_model(model.to(device), mesh, bf16=bf16, activation_checkpointing=config.activation_checkpointing)
+
+    model, tokenizer, image_processor = load_tiny_vlm(weights(latest))
+    model = sharded(model.train())
+    optimizer = FSDPOptimizer(model, lr=config.lr, weight_decay=config.weight_decay)
     if latest:
-        with tempfile.TemporaryDirectory() as tmp:
-            state = checkpoints.get_state(config.run_id, latest.version, "optimizer.pt", Path(tmp) / "optimizer.pt")
-            if state is not None:
-                optimizer.load_state_dict(torch.load(state, map_location=device))
+        load_sharded(checkpoints, config.run_id, latest.version, model, optimizer.optimizer)
     scorer = Scorer(model, tokenizer, image_processor, suppressed_token_ids(tokenizer),
                     ScreenshotStore.from_settings(settings).get)
-    reference = scorer.frozen(weights(first)) if config.kl_coef else None  # pi_ref: version 0
+    reference = None
+    if config.kl_coef:  # pi_ref: version 0, frozen, sharded like the policy
+        reference = scorer.frozen(weights(first))
+        reference = replace(reference, model=sharded(reference.model))
     t = _Trainer(config, settings, rank, world, scorer, reference, optimizer, checkpoints,
                  version=latest.version if latest else 0,
                  update_step=latest.update_step + 1 if latest and latest.update_step is not None else 0)
@@ -154,8 +169,9 @@ def _start(config: TrainConfig, settings: StackSettings, device: torch.device) -
         create_topics(settings)
         t.producer = EventProducer(settings, client_id="trainer")
         t.builder = BatchBuilder(settings, config, t.producer, skip=skip)
-        if latest is None:  # announce version 0, so the lineage starts at a stored checkpoint
-            _publish(t.producer, checkpoints, scorer, optimizer, config, 0, None, [], None)
+    if latest is None:  # announce version 0, so the lineage starts at a stored checkpoint
+        t.weights = full_state_dict(model)
+        _publish(t, [])
     return t
 
 
@@ -169,14 +185,18 @@ def _train_batch(t: _Trainer, batch: list, wait_s: float) -> list[UpdateApplied]
     plan = [m for _ in range(config.ppo_epochs) for m in range(config.minibatches)]  # optimizer steps
     proximal = [response_logprobs(t.scorer, s, config.temperature) for s in mine] if len(plan) > 1 else None
     reference = [response_logprobs(t.reference, s, config.temperature) for s in mine] if t.reference else None
+    device = next(t.scorer.model.parameters()).device
     updates = []
     for i, m in enumerate(plan):
         t0 = time.perf_counter()
+        reset_peak_memory(device)
         step = optimizer_step(t.scorer, t.optimizer, config, t.update_step, [mine[m]], flat[m][1], t.version,
-                              [proximal[m]] if proximal else None, lambda model: all_reduce_gradients(model, t.world),
-                              [reference[m]] if reference else None)
+                              [proximal[m]] if proximal else None, [reference[m]] if reference else None)
         time.sleep(config.slow_s)
-        loss, stats = _gather_stats(step.loss, step.tokens[0], config, t.leader)
+        memory = RankMemory(rank=t.rank, **vars(state_bytes(t.scorer.model, t.optimizer.optimizer)),
+                            peak_bytes=peak_memory(device), device=device.type)
+        loss, stats, memories = _gather_stats(step.scored, memory, config, t.leader)
+        t.weights = full_state_dict(t.scorer.model)
         compute_s = time.perf_counter() - t0
         # pi_theta has moved away from pi_prox by this step's approx_kl: past the target, stop the batch
         stop = [t.leader and config.target_kl is not None and stats.get("approx_kl", 0.0) > config.target_kl]
@@ -194,8 +214,8 @@ def _train_batch(t: _Trainer, batch: list, wait_s: float) -> list[UpdateApplied]
                 group_ids=[g.group_id for g in minibatches[m]],
                 trajectory_ids=[tid for g in minibatches[m] for tid in g.completed.trajectory_ids],
                 loss=loss, grad_norm=step.grad_norm, stats=stats, config_json=config.model_dump_json(),
-                weights_sha256=weights_sha256(t.scorer.model.state_dict()), duration_s=first_wait + compute_s,
-                wait_s=first_wait, compute_s=compute_s, world_size=t.world,
+                weights_sha256=weights_sha256(t.weights), duration_s=first_wait + compute_s,
+                wait_s=first_wait, compute_s=compute_s, world_size=t.world, memory=memories,
             ))
         t.update_step += 1
         if last:
@@ -216,37 +236,41 @@ def _resume_state(settings: StackSettings, run_id: str
             min(published, key=lambda e: e.version, default=None), skip)
 
 
-def _gather_stats(shard_loss: float, tokens: dict, config: TrainConfig, leader: bool) -> tuple[float, dict]:
-    """The batch loss (sum of shard losses) and statistics over every rank's tokens, on rank 0."""
+def _gather_stats(scored: list[Scored], memory: RankMemory, config: TrainConfig, leader: bool
+                  ) -> tuple[float, dict, list[RankMemory]]:
+    """On rank 0: the batch loss and statistics over every rank's samples, merged in the 1-process
+    order (so they equal a 1-process update's), and each rank's memory."""
     gathered = [None] * dist.get_world_size() if leader else None
-    dist.gather_object((shard_loss, {k: v.cpu() for k, v in tokens.items()}), gathered, dst=0)
+    dist.gather_object((scored, memory), gathered, dst=0)
     if not leader:
-        return 0.0, {}
-    merged = {k: torch.cat([t[k] for _, t in gathered]) for k in tokens}
-    return sum(loss for loss, _ in gathered), update_stats(merged, config)
+        return 0.0, {}, []
+    loss, tokens = combine(interleave([s for s, _ in gathered]))
+    return loss, update_stats(tokens, config), [m for _, m in gathered]
 
 
-def _publish(producer: EventProducer, checkpoints: CheckpointStore, scorer: Scorer, optimizer, config: TrainConfig,
-             version: int, parent: int | None, updates: list[UpdateApplied], update_step: int | None) -> None:
-    """Checkpoint to S3 (a standard HF directory plus optimizer state), then the events, acknowledged."""
+def _publish(t: _Trainer, updates: list[UpdateApplied]) -> None:
+    """Store the version (every rank its DCP shards, then rank 0 the HF directory, whose manifest
+    commits both), then, on rank 0, the events, acknowledged. Every rank must call it."""
     t0 = time.perf_counter()
-    model = scorer.model
+    config, version = t.config, t.version
+    if updates or version > 0:  # the initial version has no optimizer state (see `trainer.state`)
+        save_sharded(t.checkpoints, config.run_id, version, t.scorer.model, t.optimizer.optimizer)
+    if not t.leader:
+        return
     with tempfile.TemporaryDirectory(prefix="awrl-ckpt-") as tmp:
-        directory = save_tiny_vlm(model, scorer.tokenizer, Path(tmp) / f"v{version}",
-                                  image_processor=scorer.image_processor)
-        torch.save(optimizer.state_dict(), Path(tmp) / "optimizer.pt")
+        directory = save_tiny_vlm(t.scorer.model, t.scorer.tokenizer, Path(tmp) / f"v{version}",
+                                  image_processor=t.scorer.image_processor, state_dict=t.weights)
         # A full or unreachable store pauses the trainer here (and so the pool, at the staleness
         # bound) instead of killing it; an upload is idempotent, so a retry starts over.
-        patiently(lambda: checkpoints.put_state(Path(tmp) / "optimizer.pt", config.run_id, version),
-                  f"storing the optimizer state of v{version}")
-        uri = patiently(lambda: checkpoints.upload(directory, config.run_id, version), f"storing checkpoint v{version}")
-    weights = updates[-1].weights_sha256 if updates else weights_sha256(model.state_dict())  # hashed once
+        uri = patiently(lambda: t.checkpoints.upload(directory, config.run_id, version),
+                        f"storing checkpoint v{version}")
     published = PolicyVersionPublished(
-        run_id=config.run_id, version=version, checkpoint_uri=uri, checkpoint_sha256=weights,
-        update_step=update_step, parent_version=parent, update_ids=[u.event_id for u in updates],
-        publish_s=time.perf_counter() - t0,
+        run_id=config.run_id, version=version, checkpoint_uri=uri,
+        checkpoint_sha256=updates[-1].weights_sha256 if updates else weights_sha256(t.weights),  # hashed once
+        update_step=updates[-1].update_step if updates else None, parent_version=version - 1 if updates else None,
+        update_ids=[u.event_id for u in updates], publish_s=time.perf_counter() - t0,
     )
-    producer.publish_all([*updates, published])
+    t.producer.publish_all([*updates, published])
 
 
 if __name__ == "__main__":

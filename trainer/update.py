@@ -19,9 +19,9 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Protocol
 
 import torch
-import torch.distributed as dist
 
 from model.inputs import forward_log_softmax, inputs_from_ids
 from model.tiny_vlm import load_tiny_vlm
@@ -43,6 +43,9 @@ class StepSample:
     trajectory_steps: int
     """|tau_i|: steps of this step's trajectory (the per-trajectory normaliser)."""
     success: bool
+    live: bool = True
+    """False for a padding sample (`shard`): it runs forward and backward, so every rank makes the same
+    collective calls, with its loss multiplied by 0 and nothing recorded."""
 
 
 def flatten(batch: list[TrainGroup]) -> tuple[list[StepSample], int]:
@@ -58,9 +61,21 @@ def flatten(batch: list[TrainGroup]) -> tuple[list[StepSample], int]:
 
 
 def shard(samples: list[StepSample], rank: int, world_size: int) -> list[StepSample]:
-    """This rank's samples: longest first, dealt round-robin, so ranks get similar token counts."""
+    """This rank's samples: longest first, dealt round-robin, so ranks get similar token counts; then
+    padded to the same count on every rank with the batch's shortest sample, not `live`.
+
+    Under FSDP2 every forward and backward gathers and reduces weights across ranks, so a rank with
+    one sample fewer would leave the others waiting in a collective forever. Rank r's k-th sample is
+    sample k * world_size + r of the 1-process order (`interleave` restores it)."""
     order = sorted(range(len(samples)), key=lambda i: -len(samples[i].prompt_token_ids + samples[i].response_token_ids))
-    return [samples[i] for i in order[rank::world_size]]
+    mine = [samples[i] for i in order[rank::world_size]]
+    per_rank = -(-len(samples) // world_size)
+    return mine + [replace(samples[order[-1]], live=False)] * (per_rank - len(mine))
+
+
+def interleave(per_rank: list[list]) -> list:
+    """Ranks' lists merged in the 1-process order: every rank's k-th item, in rank order, for each k."""
+    return [items[k] for k in range(max(map(len, per_rank), default=0)) for items in per_rank if k < len(items)]
 
 
 def prefetch(samples: list[StepSample], fetch: Callable[[str], bytes], ahead: int = 4
@@ -87,20 +102,18 @@ def score(model, inputs: dict, n: int, suppress: list[int], temperature: float):
     return logprobs, entropy
 
 
-@dataclass
-class _Token:
-    """Per-token detached values of a shard, kept for the update's statistics."""
+@dataclass(frozen=True)
+class Scored:
+    """A live sample's loss and its detached per-token values (for `update_stats`)."""
 
-    logprobs: list[torch.Tensor]
-    proximal: list[torch.Tensor]
-    behave: list[torch.Tensor]
-    advantages: list[torch.Tensor]
-    mask: list[torch.Tensor]
-    weights: list[torch.Tensor]
-    success: list[torch.Tensor]
-    entropy: list[torch.Tensor]
-    reference: list[torch.Tensor]
-    lag: list[torch.Tensor]
+    loss: float
+    tokens: dict[str, torch.Tensor]
+
+
+def combine(scored: list[Scored]) -> tuple[float, dict[str, torch.Tensor]]:
+    """The samples' loss (summed in order) and their per-token values, concatenated."""
+    keys = scored[0].tokens if scored else {}
+    return sum(s.loss for s in scored), {k: torch.cat([s.tokens[k] for s in scored]) for k in keys}
 
 
 @dataclass(frozen=True)
@@ -138,15 +151,15 @@ def response_logprobs(scorer: Scorer, samples: list[StepSample], temperature: fl
 
 def accumulate_gradients(scorer: Scorer, samples: list[StepSample], num_trajectories: int, version: int,
                          config: TrainConfig, proximal: list[torch.Tensor] | None = None,
-                         reference: list[torch.Tensor] | None = None) -> tuple[float, dict[str, torch.Tensor]]:
-    """Backward over this rank's samples (gradients accumulate in `.grad`); the shard's loss and
-    its detached per-token tensors (concatenated) for `update_stats`. `proximal`: per-sample
-    log pi_prox when the weights have moved since the batch started (else this forward's own);
-    `reference`: per-sample log pi_ref, needed when `config.kl_coef` > 0."""
+                         reference: list[torch.Tensor] | None = None,
+                         after_backward: Callable[[], None] | None = None) -> list[Scored]:
+    """One backward per sample (gradients accumulate in `.grad`, or in FSDP2's shards); the live
+    samples' losses and per-token values. `proximal`: per-sample log pi_prox when the weights have
+    moved since the batch started (else this forward's own); `reference`: per-sample log pi_ref,
+    needed when `config.kl_coef` > 0; `after_backward`: called after each sample's backward."""
     if config.kl_coef and reference is None:
         raise ValueError("kl_coef > 0 needs the reference policy's log-probs (`Scorer.frozen`)")
-    acc = _Token([], [], [], [], [], [], [], [], [], [])
-    total = 0.0
+    out = []
     for i, (s, inputs) in enumerate(scorer.samples(samples)):
         n = len(s.response_token_ids)
         logprobs, entropy = score(scorer.model, inputs, n, scorer.suppress, config.temperature)  # [n], [n]
@@ -168,72 +181,57 @@ def accumulate_gradients(scorer: Scorer, samples: list[StepSample], num_trajecto
         ref = reference[i] if reference is not None else torch.zeros(0)  # [n] or [0]
         if config.kl_coef:
             loss = loss + config.kl_coef * (w * kl_to_reference(logprobs, ref) * mask).sum()
-        loss.backward()
-        total += loss.item()
-        for name, value in (("logprobs", logprobs), ("proximal", prox), ("behave", behave), ("advantages", advantages), ("mask", mask),
-                            ("weights", w), ("success", success), ("entropy", entropy), ("reference", ref),
-                            ("lag", torch.tensor([version - v for v in s.token_policy_versions]))):
-            getattr(acc, name).append(value.detach().cpu())
-    return total, {k: torch.cat(v) if v else torch.zeros(0) for k, v in vars(acc).items()}
+        (loss if s.live else loss * 0.0).backward()
+        if after_backward is not None:
+            after_backward()
+        if s.live:
+            lag = torch.tensor([version - v for v in s.token_policy_versions])
+            tokens = dict(logprobs=logprobs, proximal=prox, behave=behave, advantages=advantages, mask=mask,
+                          weights=w, success=success, entropy=entropy, reference=ref, lag=lag)
+            out.append(Scored(loss.item(), {k: v.detach().cpu() for k, v in tokens.items()}))
+    return out
 
 
 @dataclass
 class StepResult:
     lr: float
-    loss: float
-    """Sum of the shards' losses (this process's share of the batch loss)."""
-    tokens: list[dict[str, torch.Tensor]]
-    """Per shard: its detached per-token tensors, for `update_stats`."""
+    scored: list[Scored]
+    """The live samples this process scored, in its iteration order."""
     grad_norm: float
     """Global gradient norm before clipping."""
 
 
-def optimizer_step(scorer: Scorer, optimizer: torch.optim.Optimizer, config: TrainConfig, update_step: int,
+class ShardedOptimizer(Protocol):
+    """The gradient reduction, clip and AdamW of FSDP2 ranks: real (`trainer.sharding.FSDPOptimizer`)
+    or emulated in one process for replay (`trainer.sharding.EmulatedFSDP`)."""
+
+    param_groups: list[dict]
+
+    def zero_grad(self) -> None: ...
+
+    def after_backward(self) -> None: ...
+
+    def clip_and_step(self, max_norm: float) -> float: ...
+
+
+def optimizer_step(scorer: Scorer, optimizer: ShardedOptimizer, config: TrainConfig, update_step: int,
                    shards: list[list[StepSample]], num_trajectories: int, version: int,
-                   proximal: list[list[torch.Tensor]] | None, reduce_gradients: Callable[[torch.nn.Module], None],
-                   reference: list[list[torch.Tensor]] | None = None) -> StepResult:
-    """One optimizer step, the trainer's and replay's alike: learning rate, gradients, their reduction
-    over ranks, clipping, AdamW.
+                   proximal: list[list[torch.Tensor]] | None, reference: list[list[torch.Tensor]] | None = None
+                   ) -> StepResult:
+    """One optimizer step, the trainer's and replay's alike: learning rate, gradients, clip, AdamW.
 
-    `shards`: the trainer passes its own rank's samples and `reduce_gradients` sums them over the
-    ranks; replay passes every recorded rank's shard, each accumulated from zero and summed here in rank
-    order (the all-reduce's arithmetic, so a 2-rank update replays bit for bit in one process)."""
-    params = list(scorer.model.parameters())
-    optimizer.zero_grad(set_to_none=False)
+    `shards`: per rank, its padded samples (`shard`); `proximal`/`reference` likewise. The trainer
+    passes its own rank's; replay passes every recorded rank's, run micro-batch by micro-batch in rank
+    order (`interleave`), which is the order `EmulatedFSDP` sums them in."""
+    optimizer.zero_grad()
     lr = set_lr(optimizer, config, update_step)
-    loss, tokens, grads = 0.0, [], []
-    for i, samples in enumerate(shards):
-        if len(shards) > 1:
-            for p in params:
-                p.grad = torch.zeros_like(p)
-        shard_loss, shard_tokens = accumulate_gradients(scorer, samples, num_trajectories, version, config,
-                                                        proximal[i] if proximal else None,
-                                                        reference[i] if reference else None)
-        loss, tokens = loss + shard_loss, tokens + [shard_tokens]
-        grads.append([p.grad for p in params])
-    if len(shards) > 1:
-        for j, p in enumerate(params):
-            p.grad = sum((g[j] for g in grads[1:]), grads[0][j])
-    reduce_gradients(scorer.model)
-    grad_norm = torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm).item()
-    optimizer.step()
-    return StepResult(lr, loss, tokens, grad_norm)
+    scored = accumulate_gradients(scorer, interleave(shards), num_trajectories, version, config,
+                                  interleave(proximal) if proximal else None,
+                                  interleave(reference) if reference else None, optimizer.after_backward)
+    return StepResult(lr, scored, optimizer.clip_and_step(config.max_grad_norm))
 
 
-def all_reduce_gradients(model: torch.nn.Module, world: int) -> None:
-    """Sum gradients over ranks in one flat buffer (parameters a rank did not use count as zero)."""
-    if world == 1:
-        return
-    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in model.parameters()]
-    flat = torch.cat([g.reshape(-1) for g in grads])
-    dist.all_reduce(flat, op=dist.ReduceOp.SUM)
-    offset = 0
-    for p, g in zip(model.parameters(), grads):
-        p.grad = flat[offset:offset + g.numel()].view_as(g).clone()
-        offset += g.numel()
-
-
-def set_lr(optimizer: torch.optim.Optimizer, config: TrainConfig, update_step: int) -> float:
+def set_lr(optimizer, config: TrainConfig, update_step: int) -> float:
     """Set the schedule's rate (`TrainConfig.lr_at`) for optimizer step `update_step`; the trainer and replay
     both call this, so a replayed step uses the recorded rate. Returns it."""
     lr = config.lr_at(update_step)

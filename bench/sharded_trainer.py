@@ -1,0 +1,196 @@
+"""Trainer memory and time per rank: replicated data parallel vs FSDP2, on one recorded batch.
+
+    .venv/bin/python bench/sharded_trainer.py [--groups 2] [--reps 2] [--size bench]
+
+`replicated` is the trainer's former path, kept here as the baseline only: every rank holds the whole
+model, gradient and AdamW state, and gradients are summed by one all-reduce of a flat buffer.
+`fsdp2` is the trainer's path (`trainer.sharding`, `trainer.update.optimizer_step`). Both run under
+`torchrun --nproc_per_node N` (gloo, 1 thread per rank) at 1 and 2 ranks, in one run, on the same
+batch (recorded once by the tiny VLM, screenshots in a freshly started local S3) and the same initial
+weights. `--size bench` widens the tiny VLM's text model (hidden 512, 8 layers) so that the state
+(16 bytes a parameter) stands out of the process's baseline memory; `--size tiny` is the CI model.
+
+Per rank and update: wall time (median of `reps`, after a warm-up), peak resident memory (the Linux
+high-water mark, reset before each update), and the exact bytes of parameters, gradients and
+optimizer state the rank holds. Writes bench/out/sharded_trainer.json.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/update.py's recorder
+
+import json
+import os
+import pickle
+import statistics
+import subprocess
+import tempfile
+import time
+from dataclasses import asdict
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+console = Console()
+SIZES = {"tiny": {}, "bench": dict(hidden_size=512, intermediate_size=1536, num_hidden_layers=8, num_attention_heads=8,
+                                   num_key_value_heads=2)}
+
+
+def build_model(size: str, out: Path) -> Path:
+    import torch
+    from transformers import Qwen3VLForConditionalGeneration
+
+    from model.tiny_vlm import build_config, make_image_processor, save_tiny_vlm, train_tokenizer
+
+    tokenizer = train_tokenizer()
+    config = build_config(tokenizer)
+    for key, value in SIZES[size].items():
+        setattr(config.text_config, key, value)
+    config.vision_config.out_hidden_size = config.text_config.hidden_size
+    torch.manual_seed(0)
+    model = Qwen3VLForConditionalGeneration(config).float()
+    return save_tiny_vlm(model, tokenizer, out, image_processor=make_image_processor())
+
+
+def _replicated_step(scorer, optimizer, config, samples, trajectories, rank, world) -> None:
+    """The former trainer: the whole model on every rank, one flat all-reduce of the gradients."""
+    import torch
+    import torch.distributed as dist
+
+    from trainer.update import accumulate_gradients
+
+    model = scorer.model
+    optimizer.zero_grad(set_to_none=False)
+    order = sorted(range(len(samples)), key=lambda i: -len(samples[i].prompt_token_ids + samples[i].response_token_ids))
+    accumulate_gradients(scorer, [samples[i] for i in order[rank::world]], trajectories, 0, config)
+    if world > 1:
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in model.parameters()]
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        dist.all_reduce(flat)
+        offset = 0
+        for p, g in zip(model.parameters(), grads):
+            p.grad = flat[offset:offset + g.numel()].view_as(g).clone()
+            offset += g.numel()
+    torch.nn.utils.clip_grad_norm_(list(model.parameters()), config.max_grad_norm)
+    optimizer.step()
+
+
+def worker(batch_path: str, model_dir: str, mode: str, reps: int, out_path: str) -> None:
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from model.inputs import suppressed_token_ids
+    from model.tiny_vlm import load_tiny_vlm
+    from pipeline.settings import StackSettings
+    from pipeline.store import ScreenshotStore
+    from trainer.config import TrainConfig
+    from trainer.sharding import FSDPOptimizer, peak_memory, reset_peak_memory, shard_model, state_bytes
+    from trainer.update import Scorer, flatten, optimizer_step, shard
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    samples, trajectories = flatten(pickle.loads(Path(batch_path).read_bytes()))
+    model, tokenizer, processor = load_tiny_vlm(Path(model_dir))
+    model.train()
+    config = TrainConfig(run_id="bench", lr=1e-5)
+    cpu = torch.device("cpu")
+    if mode == "fsdp2":
+        model = shard_model(model, init_device_mesh("cpu", (world,)))
+        optimizer = FSDPOptimizer(model, config.lr, config.weight_decay)
+        inner = optimizer.optimizer
+    else:
+        optimizer = inner = torch.optim.AdamW(model.parameters(), lr=config.lr)
+    scorer = Scorer(model, tokenizer, processor, suppressed_token_ids(tokenizer),
+                    ScreenshotStore.from_settings(StackSettings()).get)
+    times, peaks = [], []
+    for _ in range(reps + 1):
+        dist.barrier()
+        reset_peak_memory(cpu)
+        t0 = time.perf_counter()
+        if mode == "fsdp2":
+            optimizer_step(scorer, optimizer, config, 0, [shard(samples, rank, world)], trajectories, 0, None)
+        else:
+            _replicated_step(scorer, optimizer, config, samples, trajectories, rank, world)
+        dist.barrier()
+        times.append(time.perf_counter() - t0)
+        peaks.append(peak_memory(cpu))
+    mine = {"time_s": times[1:], "peak_bytes": max(peaks[1:]), **asdict(state_bytes(model, inner))}
+    gathered = [None] * world if rank == 0 else None
+    dist.gather_object(mine, gathered, dst=0)
+    if rank == 0:
+        Path(out_path).write_text(json.dumps(gathered))
+    dist.destroy_process_group()
+
+
+def main(groups: int = 2, reps: int = 2, size: str = "bench") -> None:
+    from update import record_batch
+
+    from pipeline.stack.local import LocalStack
+    from pipeline.store import ScreenshotStore
+
+    runs = [(mode, n) for n in (1, 2) for mode in ("replicated", "fsdp2")]
+    results = {}
+    with tempfile.TemporaryDirectory() as d:
+        model_dir = build_model(size, Path(d) / "model")
+        stack = LocalStack.up(Path(d) / "stack", durable=False)
+        try:
+            settings = stack.settings()
+            store = ScreenshotStore.from_settings(settings)
+            store.ensure_bucket()
+            with console.status(f"recording a batch of {groups} groups ..."):
+                batch = record_batch(groups, store)
+            (Path(d) / "batch.pkl").write_bytes(pickle.dumps(batch))
+            env = {**os.environ, **settings.environ(), "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
+            for mode, nproc in runs:
+                with console.status(f"{mode} x {nproc} rank(s), {reps + 1} updates ..."):
+                    out = Path(d) / f"{mode}-{nproc}.json"
+                    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+                           __file__, "--worker", str(Path(d) / "batch.pkl"), str(model_dir), mode, str(reps), str(out)]
+                    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+                    if proc.returncode:
+                        raise RuntimeError(proc.stderr[-3000:])
+                    results[f"{mode}-{nproc}"] = json.loads(out.read_text())
+        finally:
+            stack.down()
+    report(results, groups, size, sum(len(t) for g in batch for t in g.trajectories))
+
+
+def report(results: dict, groups: int, size: str, steps: int) -> None:
+    mib = 2 ** 20
+    params = results["replicated-1"][0]["params_bytes"] // 4
+    base = results["replicated-1"][0]
+    head = ["path", "ranks", "update s (median)", "vs replicated x1", "peak RSS / rank MiB",
+            "params+grads+Adam / rank MiB", "state vs replicated x1"]
+    table = Table(title=f"{size} model ({params / 1e6:.1f}M parameters): {groups} groups, {steps} steps")
+    for col in head:
+        table.add_column(col)
+    md = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    base_time = statistics.median(base["time_s"])
+    base_state = base["params_bytes"] + base["grads_bytes"] + base["optimizer_bytes"]
+    for name, ranks in results.items():
+        mode, n = name.split("-")
+        t = statistics.median(ranks[0]["time_s"])
+        state = max(r["params_bytes"] + r["grads_bytes"] + r["optimizer_bytes"] for r in ranks)
+        row = [mode, n, f"{t:.2f}", f"{t / base_time:.2f}x", f"{max(r['peak_bytes'] for r in ranks) / mib:.0f}",
+               f"{state / mib:.1f}", f"{state / base_state:.2f}x"]
+        table.add_row(*row)
+        md.append("| " + " | ".join(row) + " |")
+    console.print(table)
+    console.print("\n".join(md), markup=False, highlight=False)
+    out = Path(__file__).parent / "out"
+    out.mkdir(exist_ok=True)
+    (out / "sharded_trainer.json").write_text(json.dumps({"groups": groups, "size": size, "params": params,
+                                                          **results}))
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "--worker":
+        worker(*sys.argv[2:4], sys.argv[4], int(sys.argv[5]), sys.argv[6])
+    else:
+        typer.run(main)

@@ -1,0 +1,209 @@
+"""FSDP2 sharding of the policy, and the same arithmetic emulated in one process for replay.
+
+Each rank holds a dim-0 slice (`chunks`) of every parameter, of its gradient and of AdamW's two
+moments: ~1/world_size of the 16 bytes a parameter costs in fp32 training. `fully_shard` is applied
+per vision block, per decoder block and at the root (embeddings, merger, norms, lm_head), so a
+forward gathers one block's weights at a time.
+
+The gradient arithmetic, which replay must reproduce bit for bit:
+- every backward is one micro-batch (one sample per rank); FSDP2 reduce-scatters its gradient with a
+  plain SUM (no averaging: the loss is already a batch sum), and adds it to the rank's sharded
+  gradient: G = R_0 + R_1 + ..., R_k = sum over ranks of their k-th sample's gradient;
+- the global gradient norm is each rank's float64 norm of its shards, all-gathered and combined in
+  rank order (the same on every rank, whatever the collective's own summation order);
+- AdamW runs on each rank's shards (elementwise: a slice's result does not depend on the others).
+
+`EmulatedFSDP` does exactly that on a plain, unsharded model: R_k summed in rank order (for 2 ranks a
+single addition per element, which is what the reduce-scatter computes; for more ranks the
+collective's order is not known and the last bits may differ), the norm from the same slices, and
+one AdamW per rank over views of the same slices.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor
+
+
+def shard_model(model: torch.nn.Module, mesh: DeviceMesh, bf16: bool = False,
+                activation_checkpointing: bool = False) -> torch.nn.Module:
+    """`fully_shard` a Qwen-VL policy in place: each vision block, each decoder block, then the root.
+    `bf16`: bf16 parameters in forward and backward, fp32 gradient reduction and master weights."""
+    if activation_checkpointing:  # HF's own hook: no wrapper module, so parameter names stay the HF ones
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else MixedPrecisionPolicy()
+    for block in [*model.model.visual.blocks, *model.model.language_model.layers]:
+        fully_shard(block, mesh=mesh, mp_policy=mp)
+    fully_shard(model, mesh=mesh, mp_policy=mp)
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.set_gradient_divide_factor(1.0)  # the loss is a sum over the batch: sum the gradients
+            module.set_force_sum_reduction_for_comms(True)  # SUM, never AVG/PREMUL_SUM (gloo has neither)
+    return model
+
+
+def chunks(t: torch.Tensor, world: int) -> list[torch.Tensor]:
+    """Each rank's slice of `t` as FSDP2 lays it out: `torch.chunk` on dim 0, empty past the last chunk."""
+    parts = list(torch.chunk(t, world, dim=0))
+    return parts + [t.new_empty((0, *t.shape[1:]))] * (world - len(parts))
+
+
+def local(t: torch.Tensor) -> torch.Tensor:
+    """This rank's slice of a (possibly) sharded tensor."""
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+def shard_norm(grads: list[torch.Tensor], device: torch.device | None = None) -> torch.Tensor:
+    """The float64 2-norm of one rank's gradient slices, in parameter order."""
+    if not grads:
+        return torch.zeros((), dtype=torch.float64, device=device)
+    return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g, dtype=torch.float64) for g in grads]))
+
+
+def global_norm(shard_norms: list[torch.Tensor]) -> float:
+    """The gradient's norm from every rank's `shard_norm`, combined in rank order."""
+    total = torch.zeros((), dtype=torch.float64)
+    for n in shard_norms:
+        total = total + n.cpu() ** 2
+    return total.sqrt().item()
+
+
+def clip_(grads: list[torch.Tensor], norm: float, max_norm: float) -> None:
+    """Scale gradient slices so the global norm is at most `max_norm` (torch's clip_grad_norm_ rule)."""
+    coef = max_norm / (norm + 1e-6)
+    if coef < 1.0:
+        for g in grads:
+            g.mul_(coef)
+
+
+class FSDPOptimizer:
+    """AdamW over this rank's FSDP2 shards, with the clip computed as `EmulatedFSDP` replays it."""
+
+    def __init__(self, model: torch.nn.Module, lr: float, weight_decay: float):
+        self.model = model
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
+        self.param_groups = self.optimizer.param_groups
+
+    def zero_grad(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def after_backward(self) -> None:
+        """FSDP2 has already reduce-scattered this backward's gradient into the shards."""
+
+    def clip_and_step(self, max_norm: float) -> float:
+        grads = [local(p.grad) for p in self.model.parameters() if p.grad is not None]
+        mine = shard_norm(grads, next(self.model.parameters()).device)
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            gathered = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
+            dist.all_gather(gathered, mine)
+        else:
+            gathered = [mine]
+        norm = global_norm(gathered)
+        clip_(grads, norm, max_norm)
+        self.optimizer.step()
+        return norm
+
+
+class EmulatedFSDP:
+    """`world` FSDP2 ranks' gradient reduction, clip and AdamW on one plain model in one process."""
+
+    def __init__(self, model: torch.nn.Module, world: int, lr: float, weight_decay: float):
+        self.model, self.world = model, world
+        self.params = dict(model.named_parameters())
+        # views into the model's own storage: each rank's AdamW updates its slice of the weights in place
+        self.slices = {name: [torch.nn.Parameter(c) for c in chunks(p.detach(), world)]
+                       for name, p in self.params.items()}
+        self.optimizers = [torch.optim.AdamW([s[r] for s in self.slices.values()], lr=lr, weight_decay=weight_decay)
+                           for r in range(world)]
+        self.param_groups = [g for o in self.optimizers for g in o.param_groups]
+        self._rank, self._micro, self._grad = 0, None, None
+
+    def load_state(self, state: dict[str, dict[str, torch.Tensor]]) -> None:
+        """AdamW's state by parameter name (full tensors, as `load_full_state` gives): sliced per rank."""
+        for name, entry in state.items():
+            for r, opt in enumerate(self.optimizers):
+                opt.state[self.slices[name][r]] = {
+                    k: chunks(v, self.world)[r].clone() if v.dim() else v.clone() for k, v in entry.items()}
+
+    def zero_grad(self) -> None:
+        self._rank, self._micro, self._grad = 0, None, None
+        for p in [*self.params.values(), *(s for slices in self.slices.values() for s in slices)]:
+            p.grad = None
+
+    def after_backward(self) -> None:
+        """Take this rank's micro-batch gradient; after the last rank, add their sum to the total."""
+        grads = {n: p.grad for n, p in self.params.items()}
+        for p in self.params.values():
+            p.grad = None
+        self._micro = grads if self._micro is None else {n: _add(self._micro[n], g) for n, g in grads.items()}
+        self._rank += 1
+        if self._rank == self.world:
+            if self._grad is None:
+                self._grad = self._micro
+            else:
+                for n, g in self._micro.items():
+                    if self._grad[n] is not None and g is not None:
+                        self._grad[n] += g  # in place, as FSDP2 adds to the sharded gradient
+                    else:
+                        self._grad[n] = _add(self._grad[n], g)
+            self._rank, self._micro = 0, None
+
+    def clip_and_step(self, max_norm: float) -> float:
+        """Unused parameters (no gradient on any rank) are left alone, as AdamW leaves them under FSDP2."""
+        if self._grad is None:
+            return 0.0
+        names = [n for n in self.params if self._grad[n] is not None]
+        per_rank = [[chunks(self._grad[n], self.world)[r] for n in names] for r in range(self.world)]
+        norm = global_norm([shard_norm(g) for g in per_rank])
+        for r, grads in enumerate(per_rank):
+            clip_(grads, norm, max_norm)
+            for n, g in zip(names, grads):
+                self.slices[n][r].grad = g
+            self.optimizers[r].step()
+        for n in names:
+            self.params[n].grad = self._grad[n]  # the full, clipped gradient, for inspection
+        return norm
+
+
+def _add(a: torch.Tensor | None, b: torch.Tensor | None) -> torch.Tensor | None:
+    return b if a is None else a if b is None else a + b
+
+
+@dataclass(frozen=True)
+class StateBytes:
+    """One rank's bytes of parameters, gradients and optimizer state (its shards only)."""
+
+    params_bytes: int
+    grads_bytes: int
+    optimizer_bytes: int
+
+
+def state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> StateBytes:
+    params = list(model.parameters())
+    moments = [v for s in optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
+    return StateBytes(sum(local(p).nbytes for p in params),
+                      sum(local(p.grad).nbytes for p in params if p.grad is not None),
+                      sum(local(m).nbytes for m in moments))
+
+
+def reset_peak_memory(device: torch.device) -> None:
+    """Start a new high-water mark: the allocator's on GPU, the process's resident set on CPU (Linux)."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    else:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+
+
+def peak_memory(device: torch.device) -> int:
+    """Bytes at the high-water mark since `reset_peak_memory`."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device)
+    with open("/proc/self/status") as f:
+        return int(re.search(r"VmHWM:\s+(\d+) kB", f.read()).group(1)) * 1024
