@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# The vLLM backend's live tests on a GPU, against the official `vllm` package (one NVIDIA GPU, run
-# from the repository root; about 10 minutes on a warm machine).
+# What needs a GPU, on one GPU node (run from the repository root; about 10 minutes on a warm machine):
+# the vLLM backend's live tests against the official `vllm` package, and the FSDP2 trainer over NCCL
+# with bf16 parameters and fp32 reduction, one rank per GPU (tests/test_fsdp_gpu.py: its update
+# against the fp32 CPU update of the same batch, and each rank's shard and peak allocator bytes).
 #
 #   bash bench/gpu_check.sh          # results to $OUT (pytest log, JUnit XML, server log) when set
 #
@@ -29,7 +31,8 @@ if ! "$PY" -c "import vllm; print('vllm', vllm.__version__)" | tee "$OUT/vllm_ve
 fi
 make system  # Chromium and Ceph for the stack the tests start
 set +e
-timeout 1500 "$PY" -m pytest -q -s -p no:cacheprovider --junitxml="$OUT/junit.xml" tests/test_vllm_live.py \
+timeout 1500 "$PY" -m pytest -q -s -p no:cacheprovider --junitxml="$OUT/junit.xml" tests/test_fsdp_gpu.py \
+  tests/test_vllm_live.py \
   2>&1 | tee "$OUT/pytest.txt"
 rc=${PIPESTATUS[0]}
 set -e

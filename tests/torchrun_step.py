@@ -1,5 +1,6 @@
 """Worker for test_trainer: optimizer steps of the FSDP2 trainer on recorded samples, in however many
-processes torchrun starts (gloo).
+processes torchrun starts: gloo on CPU, or NCCL with bf16 mixed precision, one GPU per rank, with
+AWRL_TEST_DEVICE=cuda (test_fsdp_gpu.py).
 
     python -m torch.distributed.run --nproc_per_node N tests/torchrun_step.py IN.pkl OUT.pt
 
@@ -7,6 +8,7 @@ IN.pkl: (samples, trajectories, screenshots by hash, initial weights, TrainConfi
 OUT.pt (rank 0): per step the loss, gradient norm and full weights, and each rank's state bytes.
 """
 
+import os
 import pickle
 import sys
 from dataclasses import asdict
@@ -17,25 +19,31 @@ from torch.distributed.device_mesh import init_device_mesh
 
 from model.inputs import suppressed_token_ids
 from model.tiny_vlm import ensure_tiny_vlm, load_tiny_vlm
-from trainer.sharding import FSDPOptimizer, shard_model, state_bytes
+from trainer.sharding import FSDPOptimizer, peak_memory, reset_peak_memory, shard_model, state_bytes
 from trainer.state import full_state_dict
 from trainer.update import Scorer, combine, interleave, optimizer_step, shard
 
-dist.init_process_group("gloo")
+cuda = os.environ.get("AWRL_TEST_DEVICE") == "cuda"
+device = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}" if cuda else "cpu")
+if cuda:
+    torch.cuda.set_device(device)
+dist.init_process_group("nccl" if cuda else "gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
 with open(sys.argv[1], "rb") as f:
     samples, trajectories, images, state, config, steps = pickle.load(f)
 model, tokenizer, image_processor = load_tiny_vlm(ensure_tiny_vlm())
 model.load_state_dict(state)
-model = shard_model(model.train(), init_device_mesh("cpu", (world,)),
+model = shard_model(model.to(device).train(), init_device_mesh(device.type, (world,)), bf16=cuda and config.bf16,
                     activation_checkpointing=config.activation_checkpointing)
 optimizer = FSDPOptimizer(model, config.lr, config.weight_decay)
 scorer = Scorer(model, tokenizer, image_processor, suppressed_token_ids(tokenizer), images.__getitem__)
 out = []
 for update_step in range(steps):
+    reset_peak_memory(device)
     step = optimizer_step(scorer, optimizer, config, update_step, [shard(samples, rank, world)], trajectories, 0, None)
     gathered = [None] * world if rank == 0 else None
-    dist.gather_object((step.scored, asdict(state_bytes(model, optimizer.optimizer))), gathered, dst=0)
+    memory = {**asdict(state_bytes(model, optimizer.optimizer)), "peak_bytes": peak_memory(device)}
+    dist.gather_object((step.scored, memory), gathered, dst=0)
     weights = {k: v.clone() for k, v in full_state_dict(model).items()}  # one CPU process: live tensors
     if rank == 0:
         loss, _ = combine(interleave([s for s, _ in gathered]))

@@ -2,7 +2,7 @@
 
 Each rank holds a dim-0 slice (`chunks`) of every parameter, of its gradient and of AdamW's two
 moments: ~1/world_size of the 16 bytes a parameter costs in fp32 training. `fully_shard` is applied
-per vision block, per decoder block and at the root (embeddings, merger, norms, lm_head), so a
+per vision block, per decoder block, to the token embedding and the LM head, and at the root, so a
 forward gathers one block's weights at a time.
 
 The gradient arithmetic, which replay must reproduce bit for bit:
@@ -33,12 +33,15 @@ from torch.distributed.tensor import DTensor
 
 def shard_model(model: torch.nn.Module, mesh: DeviceMesh, bf16: bool = False,
                 activation_checkpointing: bool = False) -> torch.nn.Module:
-    """`fully_shard` a Qwen-VL policy in place: each vision block, each decoder block, then the root.
+    """`fully_shard` a Qwen-VL policy in place: each vision block, each decoder block, the token
+    embedding and the LM head (at 8B each is 3x a decoder block: kept whole in the root they would stay
+    gathered through the whole forward), then the root (patch embedding, mergers, norms).
     `bf16`: bf16 parameters in forward and backward, fp32 gradient reduction and master weights."""
     if activation_checkpointing:  # HF's own hook: no wrapper module, so parameter names stay the HF ones
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else MixedPrecisionPolicy()
-    for block in [*model.model.visual.blocks, *model.model.language_model.layers]:
+    text = model.model.language_model
+    for block in [*model.model.visual.blocks, *text.layers, text.embed_tokens, model.lm_head]:
         fully_shard(block, mesh=mesh, mp_policy=mp)
     fully_shard(model, mesh=mesh, mp_policy=mp)
     for module in model.modules():
