@@ -1,6 +1,6 @@
 """Trainer memory and time per rank: replicated data parallel vs FSDP2, on one recorded batch.
 
-    .venv/bin/python bench/sharded_trainer.py [--groups 2] [--reps 2] [--size bench]
+    .venv/bin/python bench/sharded_trainer.py [--groups 2] [--reps 2] [--size bench] [--no-mmap-threshold]
 
 `replicated` is the trainer's former path, kept here as the baseline only: every rank holds the whole
 model, gradient and AdamW state, and gradients are summed by one all-reduce of a flat buffer.
@@ -11,8 +11,8 @@ weights. `--size bench` widens the tiny VLM's text model (hidden 512, 8 layers) 
 (16 bytes a parameter) stands out of the process's baseline memory; `--size tiny` is the CI model.
 
 Per rank and update: wall time (median of `reps`, after a warm-up), peak resident memory (the Linux
-high-water mark, reset before each update), and the exact bytes of parameters, gradients and
-optimizer state the rank holds. Writes bench/out/sharded_trainer.json.
+high-water mark, reset before each update; allocations above 64 KiB are mmap'd so that freed tensors
+leave the resident set), and the exact bytes of parameters, gradients and optimizer state the rank holds. Writes bench/out/sharded_trainer.json.
 """
 
 from __future__ import annotations
@@ -128,7 +128,10 @@ def worker(batch_path: str, model_dir: str, mode: str, reps: int, out_path: str)
     dist.destroy_process_group()
 
 
-def main(groups: int = 2, reps: int = 2, size: str = "bench") -> None:
+def main(groups: int = 2, reps: int = 2, size: str = "bench",
+         mmap_threshold: bool = typer.Option(True, help="mmap every allocation above 64 KiB (glibc), so the peak "
+                                                        "RSS follows live tensors; off: glibc's default heap, "
+                                                        "for timing")) -> None:
     from update import record_batch
 
     from pipeline.stack.local import LocalStack
@@ -146,7 +149,10 @@ def main(groups: int = 2, reps: int = 2, size: str = "bench") -> None:
             with console.status(f"recording a batch of {groups} groups ..."):
                 batch = record_batch(groups, store)
             (Path(d) / "batch.pkl").write_bytes(pickle.dumps(batch))
-            env = {**os.environ, **settings.environ(), "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
+            # glibc keeps freed heap pages resident: with every allocation above 64 KiB mmap'd, a freed
+            # tensor leaves the resident set, and the peak RSS follows live memory (both paths alike)
+            env = {**os.environ, **settings.environ(), "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1",
+                   **({"MALLOC_MMAP_THRESHOLD_": "65536"} if mmap_threshold else {})}
             for mode, nproc in runs:
                 with console.status(f"{mode} x {nproc} rank(s), {reps + 1} updates ..."):
                     out = Path(d) / f"{mode}-{nproc}.json"

@@ -46,6 +46,12 @@ def test_replay_of_the_recorded_config_is_bit_exact(recorded):
     for b in results:
         (u,), (r,) = b.recorded, b.same
         assert u.world_size == 2 and u.stats["threads"] == 1
+        # each FSDP2 rank holds half the weights and gradients, and AdamW's two moments of its half
+        assert [m.rank for m in u.memory] == [0, 1] and {m.device for m in u.memory} == {"cpu"}
+        assert abs(u.memory[0].params_bytes - u.memory[1].params_bytes) < 0.01 * u.memory[0].params_bytes
+        for m in u.memory:
+            assert m.grads_bytes == m.params_bytes and 2 * m.params_bytes <= m.optimizer_bytes < 2.01 * m.params_bytes
+            assert m.peak_bytes > m.params_bytes
         assert (r.loss, r.grad_norm, r.weights_sha256) == (u.loss, u.grad_norm, u.weights_sha256)
         assert b.exact
         assert (u.stats["kl_ref"] > 0) == (b.version_before > 0)  # at v0 pi_theta is pi_ref
