@@ -7,7 +7,7 @@ import math
 
 import pytest
 import torch
-from test_trainer import _torchrun_steps, _batch
+from test_trainer import _batch, _torchrun_steps
 
 from trainer.config import TrainConfig
 from trainer.update import flatten
