@@ -11,10 +11,10 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from kafka import KafkaConsumer, KafkaProducer
+from kafka import ConsumerRebalanceListener, KafkaConsumer, KafkaProducer
 from kafka.admin import KafkaAdminClient, NewTopic
 from kafka.errors import CommitFailedError, TopicAlreadyExistsError
 from kafka.structs import OffsetAndMetadata, TopicPartition
@@ -129,6 +129,26 @@ class Delivered:
     offset: int
 
 
+OnAssigned = Callable[[set[tuple[str, int]], str | None], dict[tuple[str, int], int]]
+"""Given newly assigned (topic, partition)s and the broker's cluster id: per partition, the offset below
+which records are already processed (skipped if delivered)."""
+
+
+class _Assigned(ConsumerRebalanceListener):
+    def __init__(self, consumer: EventConsumer, callback: OnAssigned | None):
+        self.consumer, self.callback = consumer, callback
+
+    def on_partitions_revoked(self, revoked) -> None:
+        pass
+
+    def on_partitions_assigned(self, assigned) -> None:
+        if self.callback is not None and assigned:
+            # runs on the client's IO thread: no blocking consumer call here (a seek would need the
+            # committed offset), so records below the floor are dropped in `poll()` instead
+            self.consumer._floors.update(self.callback({(tp.topic, tp.partition) for tp in assigned},
+                                                       self.consumer.cluster_id))
+
+
 class EventConsumer:
     """A consumer-group member: `poll()` returns valid events, `commit()` after processing them.
 
@@ -143,7 +163,11 @@ class EventConsumer:
         topics: Iterable[Topic],
         producer: EventProducer,
         client_id: str = "awrl",
+        on_assigned: OnAssigned | None = None,
     ):
+        """`on_assigned`: called inside `poll()` with the (topic, partition)s the group has just given
+        this member, before any of their records are returned; records below the offsets it returns
+        are dropped (counted in `skipped`)."""
         self.settings = settings
         self._topics = {topic_name(settings, t): t for t in topics}
         self._dead_letters = producer
@@ -155,7 +179,6 @@ class EventConsumer:
         # Short session timeout: the group forms in ~3 s instead of ~23 s (measured against the
         # local broker); heartbeats keep a slow handler's member alive.
         self._kafka = KafkaConsumer(
-            *self._topics,
             bootstrap_servers=settings.kafka_bootstrap,
             group_id=group_id,
             client_id=client_id,
@@ -166,6 +189,14 @@ class EventConsumer:
             max_poll_records=1000,
             max_partition_fetch_bytes=16 * 1024 * 1024,
         )
+        self._floors: dict[tuple[str, int], int] = {}
+        self.skipped = 0
+        """Records dropped below an `on_assigned` floor."""
+        self._kafka.subscribe(list(self._topics), listener=_Assigned(self, on_assigned))
+
+    @property
+    def cluster_id(self) -> str | None:
+        return getattr(self._kafka._client.cluster, "cluster_id", None)  # no public accessor
 
     def poll(self, timeout_ms: int = 1000, max_records: int | None = None) -> list[Delivered]:
         batches = self._kafka.poll(timeout_ms=timeout_ms, max_records=max_records)
@@ -175,7 +206,11 @@ class EventConsumer:
         rejected = []
         for tp, records in batches.items():
             topic = self._topics[tp.topic]
+            floor = self._floors.get((tp.topic, tp.partition), 0)
             for r in records:
+                if r.offset < floor:
+                    self.skipped += 1
+                    continue
                 reason = _rejection(topic, r.value)
                 if isinstance(reason, Event):
                     out.append(Delivered(reason, tp.topic, tp.partition, r.offset))
@@ -190,10 +225,12 @@ class EventConsumer:
         """Whether the cluster id changed: a broker that lost its log (Tansu in memory, restarted with a
         new id) numbers offsets from 0 again, and a position from before could skip new events. Read
         every partition again from the start instead (consumers are idempotent by event id)."""
-        cluster_id = getattr(self._kafka._client.cluster, "cluster_id", None)  # no public accessor
+        cluster_id = self.cluster_id
         if cluster_id is None or cluster_id == self._cluster_id:
             return False
         replaced, self._cluster_id = self._cluster_id is not None, cluster_id
+        if replaced:
+            self._floors.clear()  # offsets of the lost log: the new one numbers from 0 again
         if replaced and self._kafka.assignment():
             self._kafka.seek_to_beginning(*self._kafka.assignment())
         self.broker_replacements += replaced

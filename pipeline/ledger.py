@@ -1,8 +1,11 @@
 """The ledger writer: the event log folded into Parquet, exactly once.
 
 Exactly-once here is at-least-once delivery plus idempotent writes: offsets are committed only after
-the Parquet files holding the batch are durable, and every event id already in the ledger is skipped.
-A `kill -9` at any moment therefore re-delivers at most one batch, which the id index drops.
+the Parquet files holding the batch are durable, and an event that can come again is skipped by id.
+A `kill -9` at any moment therefore re-delivers at most one batch per partition, whose files the
+flush's journal entry names (`pipeline.journal`): the member that gets the partition next reads their
+ids. Memory and start-up are bounded by that, not by the ledger's size. Several writers in one
+consumer group share the partitions (`awrl ledger sync --follow`, once per process).
 
 Layout: `<root>/run_id=<run>/event_type=<Type>/part-<time>-<id>.parquet` (Hive-style, so DuckDB and
 Dagster prune by run and type). A file is never visible half-written: locally it is written under a
@@ -24,8 +27,9 @@ import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from pipeline.bus import EventConsumer, EventProducer
-from pipeline.files import TMP_SUFFIX, write_atomic
+from pipeline.bus import Delivered, EventConsumer, EventProducer
+from pipeline.files import write_atomic
+from pipeline.journal import Journal, RecentIds, s3_put
 from pipeline.settings import StackSettings
 from pipeline.store import STORE_PATIENCE_S, minio_client, patiently
 from pipeline.topics import ROLLOUT, TASKS, TRAINER
@@ -42,6 +46,9 @@ class LedgerConfig:
     compression: str = "zstd"
     row_group_size: int = 64_000
     consumer_group: str = "ledger"
+    dedup_window: int = 200_000
+    """Event ids remembered after writing them, for a producer's duplicate (a retry seconds later);
+    redelivery after a crash or rebalance is covered by the journal whatever its size."""
     store_patience_s: float = STORE_PATIENCE_S
     """How long a flush waits out an unreachable or full object store (offsets stay uncommitted)."""
 
@@ -105,21 +112,25 @@ class LedgerWriter:
         self.stats = LedgerStats()
         self.last_flush_at: float | None = None
         """perf_counter() of the last durable flush (benchmarks exclude the idle wait after it)."""
-        self.seen: set[str] = self._load_index()
+        self.recent = RecentIds(config.dedup_window)
+        put = None if isinstance(self.fs, pafs.LocalFileSystem) else lambda path, data: s3_put(
+            minio_client(settings), path, data)
+        self.journal = Journal(self.fs, self.root, put)
+        self._entries: dict[tuple[str, int], list[str]] = {}
+        """Each partition's journal entries this member knows of, oldest first: all but the newest go
+        once a commit covers them."""
 
-    def _load_index(self) -> set[str]:
-        """Every event id already in the ledger (one column read per file)."""
-        if isinstance(self.fs, pafs.LocalFileSystem):  # leftovers of a write cut short by a crash
-            for dirpath, _, files in os.walk(self.root):
-                for name in files:
-                    if name.endswith(TMP_SUFFIX) and ".parquet." in name:
-                        os.unlink(os.path.join(dirpath, name))
-        ids: set[str] = set()
-        for path in list_parquet(self.fs, self.root):
-            if "/event_type=" not in path:  # derived tables (Dagster assets) live under the same root
-                continue
-            ids.update(pq.read_table(path, columns=["event_id"], filesystem=self.fs).column(0).to_pylist())
-        return ids
+    def _assigned(self, partitions: set[tuple[str, int]], cluster: str | None) -> dict[tuple[str, int], int]:
+        """A partition's uncommitted flushes (ours or a dead member's) are in the ledger: skip their ids,
+        and every record up to the last complete one (`EventConsumer` drops them)."""
+        starts = {}
+        for source in sorted(partitions):
+            position = self.journal.read(*source, cluster)
+            self.recent.update(position.ids)
+            self._entries[source] = position.entries
+            if position.start is not None:
+                starts[source] = position.start
+        return starts
 
     def sync(self, follow: bool = False, idle_exit_s: float = 3.0, on_flush=None,
              join_timeout_s: float = 60.0, stop=None) -> LedgerStats:
@@ -130,7 +141,7 @@ class LedgerWriter:
         `idle_exit_s` (or, when other writers share the group, `join_timeout_s` after starting)."""
         producer = EventProducer(self.settings, client_id="ledger-dlq")
         consumer = EventConsumer(self.settings, self.config.consumer_group, [TASKS, ROLLOUT, TRAINER], producer,
-                                 client_id="ledger")
+                                 client_id="ledger", on_assigned=self._assigned)
         try:
             idle_since = None  # counted from when the group gave us every partition
             started = time.monotonic()
@@ -138,8 +149,9 @@ class LedgerWriter:
                 dead_lettered = self.stats.dead_lettered
                 batch = self._collect(consumer)
                 if batch:
-                    self._flush(batch)
-                    consumer.commit()  # only now: the files above are durable
+                    entries = self._flush(batch, consumer.cluster_id)
+                    committed = consumer.commit()  # only now: the files above are durable
+                    self._journaled(entries, committed)
                     self.last_flush_at = time.perf_counter()
                     idle_since = None
                     if on_flush:
@@ -162,39 +174,65 @@ class LedgerWriter:
     def _waited(self, seconds: float) -> None:
         self.stats.store_waited_s += seconds
 
-    def _collect(self, consumer: EventConsumer) -> list[Event]:
-        batch: list[Event] = []
+    def _collect(self, consumer: EventConsumer) -> list[Delivered]:
+        batch: list[Delivered] = []
         dead_lettered = consumer.dead_lettered
         deadline = time.monotonic() + self.config.max_batch_seconds
         while len(batch) < self.config.max_batch_events and time.monotonic() < deadline:
             remaining_ms = max(1, int((deadline - time.monotonic()) * 1000))
-            batch += [d.event for d in consumer.poll(timeout_ms=min(remaining_ms, 200))]
+            batch += consumer.poll(timeout_ms=min(remaining_ms, 200))
         self.stats.dead_lettered += consumer.dead_lettered - dead_lettered
         return batch
 
-    def _flush(self, batch: list[Event]) -> None:
+    def _flush(self, batch: list[Delivered], cluster: str | None = None) -> dict[tuple[str, int], str]:
+        """Write the batch's new events, after journaling which files will hold each partition's;
+        returns the journal entries (to delete once the offsets are committed)."""
         groups: dict[tuple[str, str], list[Event]] = defaultdict(list)
-        for e in batch:
-            if e.event_id in self.seen:
+        files: dict[tuple[str, str], str] = {}
+        by_partition: dict[tuple[str, int], set[str]] = defaultdict(set)
+        last: dict[tuple[str, int], int] = {}
+        for d in batch:
+            source = (d.topic, d.partition)
+            last[source] = max(last.get(source, -1), d.offset)
+            e = d.event
+            if e.event_id in self.recent:
                 self.stats.duplicates += 1
                 continue
-            self.seen.add(e.event_id)  # also drops a duplicate inside this batch
-            groups[(e.run_id, type(e).__name__)].append(e)
-        for (run_id, event_type), events in groups.items():
-            self._write(run_id, event_type, events)
+            self.recent.add(e.event_id)  # also drops a duplicate inside this batch
+            key = (e.run_id, type(e).__name__)
+            groups[key].append(e)
+            files.setdefault(key, self._path(*key))
+            by_partition[source].add(files[key])
+        entries = {source: self.journal.record(*source, last[source], sorted(paths), cluster)
+                   for source, paths in by_partition.items()}
+        for key, events in groups.items():
+            self._write(*key, events, files[key])
         now = datetime.now(UTC)
-        lag = max(((now - e.emitted_at).total_seconds() for e in batch), default=0.0)
+        lag = max(((now - d.event.emitted_at).total_seconds() for d in batch), default=0.0)
         self.stats.lags.append(lag)
         self.stats.max_lag_s = max(self.stats.max_lag_s, lag)
+        return entries
 
-    def _write(self, run_id: str, event_type: str, events: list[Event]) -> None:
+    def _journaled(self, entries: dict[tuple[str, int], str], committed: bool) -> None:
+        """After a commit, a partition's older journal entries name nothing that can come again; its
+        newest stays as the ledger's record of its position."""
+        for source, entry in entries.items():
+            known = self._entries.setdefault(source, []) + [entry]
+            if committed:
+                self.journal.delete(known[:-1])
+                known = known[-1:]
+            self._entries[source] = known
+
+    def _path(self, run_id: str, event_type: str) -> str:
+        stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%f")
+        return f"{self.root}/run_id={run_id}/event_type={event_type}/part-{stamp}-{uuid.uuid4().hex[:8]}.parquet"
+
+    def _write(self, run_id: str, event_type: str, events: list[Event], path: str | None = None) -> None:
         table = events_to_table(events, BY_NAME[event_type])
         buf = io.BytesIO()
         pq.write_table(table, buf, compression=self.config.compression, row_group_size=self.config.row_group_size)
         data = buf.getvalue()
-        stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%f")
-        directory = f"{self.root}/run_id={run_id}/event_type={event_type}"
-        path = f"{directory}/part-{stamp}-{uuid.uuid4().hex[:8]}.parquet"
+        path = path or self._path(run_id, event_type)
         if isinstance(self.fs, pafs.LocalFileSystem):
             write_atomic(path, data)
         else:

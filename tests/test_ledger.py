@@ -13,7 +13,7 @@ import time
 import pyarrow.dataset as ds
 
 from pipeline.bus import EventProducer
-from pipeline.ledger import LedgerWriter, ledger_filesystem, list_parquet
+from pipeline.ledger import LedgerConfig, LedgerWriter, ledger_filesystem, list_parquet
 
 from faults import account
 from samples import sample_group
@@ -41,8 +41,10 @@ def test_sync_writes_each_event_once_partitioned_by_run_and_type(settings, tmp_p
     assert sorted(ids) == sorted(e.event_id for e in events)
     steps = tmp_path / "ledger" / "run_id=run-a" / "event_type=StepRecorded"
     assert any(p.suffix == ".parquet" for p in steps.iterdir())
-    # a second writer with the same group finds nothing new; a fresh group finds only duplicates
+    # a second writer with the same group finds nothing new; nor does a group the broker has no offsets
+    # for (as when they expire): the ledger's journal says where it stands in each partition
     assert LedgerWriter(settings).sync(idle_exit_s=2).written == 0
+    assert LedgerWriter(settings, LedgerConfig(consumer_group="another")).sync(idle_exit_s=2).written == 0
 
 
 def test_sync_to_s3(settings):
@@ -96,3 +98,54 @@ def test_writer_killed_with_sigkill_loses_nothing_duplicates_nothing(settings, t
     assert set(ids) == set(produced), f"lost {len(set(produced) - set(ids))} events"
     assert row.lost == 0 and row.duplicated == 0
     assert not list((tmp_path / "ledger").rglob("*.tmp"))
+
+
+def test_two_writers_share_the_log_and_one_sigkilled_mid_file_loses_and_duplicates_nothing(settings, tmp_path):
+    """Two `ledger sync --follow` processes in one consumer group split the partitions; one is SIGKILLed
+    while writing; the survivor takes its partitions over (after the session timeout) and, from the
+    journal, skips what the dead one had written but not committed."""
+    settings = settings.model_copy(update={"ledger_uri": str(tmp_path / "ledger")})
+    env = {**os.environ, "AWRL_KAFKA_BOOTSTRAP": settings.kafka_bootstrap, "AWRL_TOPIC_PREFIX": settings.topic_prefix,
+           "AWRL_LEDGER_URI": settings.ledger_uri, "AWRL_S3_ACCESS_KEY": "unused", "AWRL_S3_SECRET_KEY": "unused"}
+    produced: list[str] = []
+    done, go = threading.Event(), threading.Event()
+
+    def produce():
+        producer = EventProducer(settings)
+        for g in range(80):
+            if g == 10:
+                go.wait(60)  # the second half once both writers are in the group
+            batch = list(sample_group(f"run-w{g % 3}", f"g{g}", [SHA], seed=g))
+            producer.publish_all(batch)
+            produced.extend(e.event_id for e in batch)
+            time.sleep(0.05)
+        producer.close()
+        done.set()
+
+    cmd = [sys.executable, "-m", "app.cli", "ledger", "sync", "--follow"]
+    writers = [subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for _ in range(2)]
+    threading.Thread(target=produce).start()
+    files = lambda: len(list((tmp_path / "ledger").rglob("*.parquet")))  # noqa: E731
+    deadline = time.monotonic() + 90
+    while files() < 4 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    go.set()
+    before = files()
+    while files() == before and time.monotonic() < deadline:  # kill it while it is writing
+        time.sleep(0.02)
+    writers[0].send_signal(signal.SIGKILL)
+    writers[0].wait()
+    assert done.wait(120)
+    deadline = time.monotonic() + 120
+    while set(ledger_ids(settings)) != set(produced) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    writers[1].terminate()
+    writers[1].wait(timeout=30)
+    ids = ledger_ids(settings)
+    row = account("2 ledger writers, one SIGKILLed mid-file", produced, settings,
+                  note="the survivor took over its partitions; its journal entries named what was written")
+    assert len(ids) == len(set(ids)), "duplicated events in the ledger"
+    assert set(ids) == set(produced), f"lost {len(set(produced) - set(ids))} events"
+    assert row.lost == 0 and row.duplicated == 0
+    journal = list((tmp_path / "ledger" / "_journal").rglob("*.json"))
+    assert len(journal) <= 13  # one entry per partition the writers used (4 + 8 + 1), not one per flush
