@@ -166,7 +166,9 @@ def ledger_sync(
     follow: bool = typer.Option(False, help="Keep writing as events arrive (until interrupted)."),
     ledger_uri: str = typer.Option(None, help="Override AWRL_LEDGER_URI (s3://bucket/prefix or a directory)."),
 ) -> None:
-    """Consume every event topic into Parquet (deduplicated by event id; offsets committed after)."""
+    """Consume every event topic into Parquet, exactly once (offsets committed after the files are
+    durable; the ledger's journal names what an uncommitted flush wrote). For N writers, run this
+    N times: they share the partitions as one consumer group, and take over a dead one's."""
     from pipeline.ledger import LedgerWriter
     from pipeline.settings import StackSettings
 

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import dagster as dg
 
-from assets import tables
+from assets import maintenance, tables
 from assets.io import Ledger, ParquetIOManager
 from assets.sensors import ledger_sensor
 
 ledger = Ledger()
-all_assets = dg.load_assets_from_modules([tables])
+all_assets = dg.load_assets_from_modules([tables, maintenance])
 
 defs = dg.Definitions(
     assets=all_assets,

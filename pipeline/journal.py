@@ -109,6 +109,18 @@ class Journal:
                 position.start = max(position.start or 0, record["last_offset"] + 1)
         return position
 
+    def named_files(self) -> set[str]:
+        """Every ledger file any entry names (compaction leaves these alone)."""
+        infos = self.fs.get_file_info(pafs.FileSelector(f"{self.root}/{JOURNAL}", recursive=True, allow_not_found=True))
+        out: set[str] = set()
+        for i in infos:
+            if i.type == pafs.FileType.File and i.path.endswith(".json"):
+                try:
+                    out.update(json.loads(self._read(i.path))["files"])
+                except FileNotFoundError:  # a writer deleted it after its commit: it named nothing needed
+                    continue
+        return out
+
     def delete(self, entries: Iterable[str]) -> None:
         for entry in entries:
             try:

@@ -28,6 +28,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from pipeline.bus import Delivered, EventConsumer, EventProducer
+from pipeline.compaction import CompactionConfig, CompactionResult, compact_run, manifest_rule
 from pipeline.files import write_atomic
 from pipeline.journal import Journal, RecentIds, s3_put
 from pipeline.settings import StackSettings
@@ -86,11 +87,15 @@ def ledger_filesystem(settings: StackSettings, create: bool = True) -> tuple[paf
 
 
 def list_parquet(fs: pafs.FileSystem, root: str) -> list[str]:
+    """The live Parquet files under `root`: compaction's manifests decide which of a merged file and
+    its sources a reader sees (`pipeline.compaction`), so every row is read exactly once."""
     try:
         infos = fs.get_file_info(pafs.FileSelector(root, recursive=True, allow_not_found=True))
     except FileNotFoundError:
         return []
-    return sorted(i.path for i in infos if i.type == pafs.FileType.File and i.path.endswith(".parquet"))
+    paths = {i.path for i in infos if i.type == pafs.FileType.File}
+    hidden, pending = manifest_rule(fs, paths)
+    return sorted(p for p in paths if p.endswith(".parquet") and p not in hidden and p not in pending)
 
 
 def read_events(settings: StackSettings, run_id: str, event_type: str, columns: list[str] | None = None) -> pa.Table:
@@ -103,6 +108,14 @@ def read_events(settings: StackSettings, run_id: str, event_type: str, columns: 
     files = list_parquet(fs, f"{root}/run_id={run_id}/event_type={event_type}")
     dataset = ds.dataset(files, schema=arrow_schema(BY_NAME[event_type]), format="parquet", filesystem=fs)
     return dataset.to_table(columns=columns)
+
+
+def compact_ledger(settings: StackSettings, run_id: str, config: CompactionConfig = CompactionConfig()
+                   ) -> dict[str, CompactionResult]:
+    """Merge one run's small files (`pipeline.compaction`), on the local or S3 ledger."""
+    fs, root = ledger_filesystem(settings)
+    put = None if isinstance(fs, pafs.LocalFileSystem) else lambda path, data: s3_put(minio_client(settings), path, data)
+    return compact_run(fs, root, run_id, config, put)
 
 
 class LedgerWriter:

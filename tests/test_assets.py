@@ -21,7 +21,7 @@ from samples import sample_group
 
 SHA = "ab" * 32
 RUN = "run-a"
-ASSETS = ("steps", "trajectories", "groups", "policy_versions", "updates", "throughput", "memory_drift",
+ASSETS = ("compaction", "steps", "trajectories", "groups", "policy_versions", "updates", "throughput", "memory_drift",
           "learning_curve")
 pytestmark = pytest.mark.filterwarnings("ignore:InitResourceContext.dagster_run:DeprecationWarning")  # Dagster's own
 
