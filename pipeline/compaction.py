@@ -61,7 +61,7 @@ def manifest_rule(fs: pafs.FileSystem, paths: set[str]) -> tuple[set[str], set[s
     """(hidden, pending outputs) from the manifests among `paths` (one listing's files): sources of a
     committed manifest are hidden, the output of a pending one is not yet visible."""
     hidden, pending = set(), set()
-    for path in paths:
+    for path in sorted(paths):
         name = path.rsplit("/", 1)[-1]
         if not (name.startswith(MANIFEST_PREFIX) and name.endswith(".json")):
             continue
@@ -73,7 +73,7 @@ def manifest_rule(fs: pafs.FileSystem, paths: set[str]) -> tuple[set[str], set[s
         if doc["state"] == "committed":
             hidden.update(f"{directory}/{s}" for s in doc["sources"])
         else:
-            pending.update(f"{directory}/{o}" for o in doc["outputs"])
+            pending.update(p for p in paths if p.startswith(f"{directory}/{doc['prefix']}"))
     return hidden, pending
 
 
@@ -97,23 +97,41 @@ def compact(fs: pafs.FileSystem, directory: str, protected: set[str], config: Co
     if len(small) < config.min_files:
         result.files_after = len(live)
         return result
-    table = pa.concat_tables([pq.read_table(p, filesystem=fs) for p in small], promote_options="permissive")
-    keys = [("trajectory_id", "ascending"), ("step", "ascending")] if "step" in table.column_names else []
-    table = table.sort_by(keys + [("emitted_at", "ascending"), ("event_id", "ascending")])
     cid = f"{datetime.now(UTC).strftime('%Y%m%dT%H%M%S%f')}-{uuid.uuid4().hex[:8]}"
-    outputs = [f"part-compact-{cid}-{i:03d}.parquet" for i in range(-(-table.num_rows // config.target_rows))]
     manifest = f"{directory}/{MANIFEST_PREFIX}{cid}.json"
-    put(manifest, json.dumps({"state": "pending", "outputs": outputs}).encode())
-    for i, name in enumerate(outputs):
-        part = table.slice(i * config.target_rows, config.target_rows)
-        sink = pa.BufferOutputStream()
-        pq.write_table(part, sink, compression="zstd", row_group_size=64_000)
-        put(f"{directory}/{name}", sink.getvalue().to_pybytes())
+    outputs: list[str] = []
+    put(manifest, json.dumps({"state": "pending", "prefix": f"part-compact-{cid}-"}).encode())
+    for chunk in _chunks(fs, small, config.target_rows):  # one output's rows in memory at a time
+        name = f"part-compact-{cid}-{len(outputs):03d}.parquet"
+        put(f"{directory}/{name}", _sorted_parquet(chunk))
+        outputs.append(name)
+        result.rows += chunk.num_rows
     put(manifest, json.dumps({"state": "committed", "outputs": outputs, "committed_at": time.time(),
                               "sources": [p.rsplit("/", 1)[-1] for p in small]}).encode())
-    result.rows = table.num_rows
     result.files_after = len(live) - len(small) + len(outputs)
     return result
+
+
+def _chunks(fs: pafs.FileSystem, paths: list[str], rows: int):
+    """The files' rows, in file order, as tables of about `rows` rows (whole files: a file is never split)."""
+    parts, n = [], 0
+    for path in paths:
+        parts.append(pq.read_table(path, filesystem=fs))
+        n += parts[-1].num_rows
+        if n >= rows:
+            yield pa.concat_tables(parts, promote_options="permissive")
+            parts, n = [], 0
+    if parts:
+        yield pa.concat_tables(parts, promote_options="permissive")
+
+
+def _sorted_parquet(table: pa.Table) -> bytes:
+    """Sorted by (trajectory, step) for steps, else by emission time, so row-group statistics prune."""
+    keys = [("trajectory_id", "ascending"), ("step", "ascending")] if "step" in table.column_names else []
+    table = table.sort_by(keys + [("emitted_at", "ascending"), ("event_id", "ascending")])
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink, compression="zstd", row_group_size=64_000)
+    return sink.getvalue().to_pybytes()
 
 
 def _finish(fs: pafs.FileSystem, directory: str, paths: dict, config: CompactionConfig,
@@ -128,7 +146,7 @@ def _finish(fs: pafs.FileSystem, directory: str, paths: dict, config: Compaction
         if doc["state"] == "committed" and time.time() - doc["committed_at"] >= config.grace_s:
             doomed = [f"{directory}/{s}" for s in doc["sources"]]
         elif doc["state"] == "pending" and time.time() - paths[path].mtime.timestamp() >= config.min_age_s:
-            doomed = [f"{directory}/{o}" for o in doc["outputs"]]
+            doomed = [p for p in paths if p.startswith(f"{directory}/{doc['prefix']}")]
         else:
             continue
         for f in doomed:
