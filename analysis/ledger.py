@@ -30,17 +30,19 @@ import duckdb
 import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.fs as pafs
+import pyarrow.parquet as pq
 
 from pipeline.ledger import ledger_filesystem, list_parquet
 from pipeline.settings import StackSettings
-from schemas import EVENT_TYPES, Event, arrow_schema
+from pipeline.summaries import TOKEN_SUMMARY
+from schemas import EVENT_TYPES, Event, StepRecorded, arrow_schema
 from trainer.advantages import group_advantages, informative
 
 SQL_DIR = Path(__file__).with_name("sql")
 RAW_VIEWS: dict[str, type[Event]] = {re.sub(r"(?<!^)(?=[A-Z])", "_", cls.__name__).lower(): cls for cls in EVENT_TYPES}
 """One raw view per event type, named in snake case (`StepRecorded` -> `step_recorded`)."""
-VIEWS: tuple[str, ...] = ("steps", "trajectories", "groups", "updates", "policy_versions", "dropped_groups",
-                         "evaluations", "success_by_version")
+VIEWS: tuple[str, ...] = ("steps", "step_token_summary", "trajectories", "groups", "updates", "policy_versions",
+                         "dropped_groups", "evaluations", "success_by_version")
 """Derived views, in creation order; each is `analysis/sql/<name>.sql`."""
 
 Source = StackSettings | str | os.PathLike
@@ -68,7 +70,14 @@ def connect(source: Source, *, read_only: bool = True) -> duckdb.DuckDBPyConnect
     files = _files_by_type(fs, root)
     con = duckdb.connect(":memory:")
     for view, cls in RAW_VIEWS.items():
-        _register_raw(con, view, cls, fs, root, files.get(cls.__name__, []))
+        _register_raw(con, view, arrow_schema(cls), fs, root, files.get(cls.__name__, []))
+    # StepRecorded files with the ledger's token summaries (`pipeline.summaries`), and older ones without
+    steps = files.get("StepRecorded", [])
+    summarized = [f for f in steps if TOKEN_SUMMARY.names[-1] in pq.read_schema(f, filesystem=fs).names]
+    with_summary = pa.unify_schemas([arrow_schema(StepRecorded), TOKEN_SUMMARY])
+    _register_raw(con, "step_recorded_summarized", with_summary, fs, root, summarized)
+    _register_raw(con, "step_recorded_unsummarized", arrow_schema(StepRecorded), fs, root,
+                  sorted(set(steps) - set(summarized)))
     _register_udfs(con)
     con.execute(sql("macros"))
     for name in VIEWS:
@@ -95,9 +104,8 @@ def _files_by_type(fs: pafs.FileSystem, root: str) -> dict[str, list[str]]:
     return out
 
 
-def _register_raw(con: duckdb.DuckDBPyConnection, view: str, cls: type[Event], fs: pafs.FileSystem, root: str,
+def _register_raw(con: duckdb.DuckDBPyConnection, view: str, schema: pa.Schema, fs: pafs.FileSystem, root: str,
                   files: list[str]) -> None:
-    schema = arrow_schema(cls)
     if not files:
         con.register(view, schema.empty_table())
     elif isinstance(fs, pafs.LocalFileSystem):

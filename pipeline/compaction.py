@@ -126,7 +126,11 @@ def _chunks(fs: pafs.FileSystem, paths: list[str], rows: int):
 
 
 def _sorted_parquet(table: pa.Table) -> bytes:
-    """Sorted by (trajectory, step) for steps, else by emission time, so row-group statistics prune."""
+    """Sorted by (trajectory, step) for steps, else by emission time, so row-group statistics prune;
+    derived columns computed for rows of files written before they existed."""
+    from pipeline.summaries import with_summaries
+
+    table = with_summaries(table.column("event_type")[0].as_py(), table)
     keys = [("trajectory_id", "ascending"), ("step", "ascending")] if "step" in table.column_names else []
     table = table.sort_by(keys + [("emitted_at", "ascending"), ("event_id", "ascending")])
     sink = pa.BufferOutputStream()

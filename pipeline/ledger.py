@@ -33,6 +33,7 @@ from pipeline.files import write_atomic
 from pipeline.journal import Journal, RecentIds, s3_put
 from pipeline.settings import StackSettings
 from pipeline.store import STORE_PATIENCE_S, minio_client, patiently
+from pipeline.summaries import with_summaries
 from pipeline.topics import ROLLOUT, TASKS, TRAINER
 from schemas import BY_NAME, Event, arrow_schema, events_to_table
 
@@ -241,7 +242,7 @@ class LedgerWriter:
         return f"{self.root}/run_id={run_id}/event_type={event_type}/part-{stamp}-{uuid.uuid4().hex[:8]}.parquet"
 
     def _write(self, run_id: str, event_type: str, events: list[Event], path: str | None = None) -> None:
-        table = events_to_table(events, BY_NAME[event_type])
+        table = with_summaries(event_type, events_to_table(events, BY_NAME[event_type]))
         buf = io.BytesIO()
         pq.write_table(table, buf, compression=self.config.compression, row_group_size=self.config.row_group_size)
         data = buf.getvalue()

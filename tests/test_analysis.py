@@ -96,15 +96,20 @@ def run_r2() -> list:
     return trajectory("r2", "E", "g9", KETTLE, [(["task_1"], [9, 9], 9)])
 
 
-def write_ledger(root, events) -> None:
-    """The ledger writer's layout: one file per (run, type) batch; A's steps split over two files."""
+def write_ledger(root, events, summaries=lambda is_a: False) -> None:
+    """The ledger writer's layout: one file per (run, type) batch; A's steps split over two files.
+    `summaries(is_a)`: whether that file gets the token summaries (files from before them do not)."""
+    from pipeline.summaries import with_summaries
+
     batches = defaultdict(list)
     for e in events:
         batches[(e.run_id, type(e).__name__, getattr(e, "trajectory_id", "") == "A")].append(e)
-    for (run, kind, _), batch in batches.items():
+    for (run, kind, is_a), batch in batches.items():
         directory = root / f"run_id={run}" / f"event_type={kind}"
         directory.mkdir(parents=True, exist_ok=True)
-        pq.write_table(events_to_table(batch), directory / f"part-{uuid.uuid4().hex[:8]}.parquet")
+        table = events_to_table(batch)
+        pq.write_table(with_summaries(kind, table) if summaries(is_a) else table,
+                       directory / f"part-{uuid.uuid4().hex[:8]}.parquet")
 
 
 @pytest.fixture(scope="module")
@@ -151,6 +156,18 @@ def test_drift_metrics_are_exact(con):
     assert r.updates == 3
     assert [c["update_step"] for c in r.clip_rate_by_update] == [0, 1]
     assert r.clip_rate_mean == pytest.approx(0.2)
+
+
+@pytest.mark.parametrize("summaries", [lambda is_a: True, lambda is_a: is_a], ids=["all", "mixed"])
+def test_token_summaries_give_the_array_pass_metrics(con, tmp_path, summaries):
+    """Files with the ledger's token summaries (all, or beside older files without) give exactly the
+    metrics of the arrays (`con`: a ledger written before the summaries existed)."""
+    write_ledger(tmp_path, run_r1() + run_r2(), summaries)
+    summarized = connect(tmp_path)
+    counts = summarized.execute("SELECT (SELECT count(*) FROM step_recorded_summarized), "
+                                "(SELECT count(*) FROM step_recorded_unsummarized)").fetchone()
+    assert counts[0] > 0 and (counts[1] > 0) == (summaries(False) is False)
+    assert drift_metrics(summarized, "r1").to_dict() == drift_metrics(con, "r1").to_dict()
 
 
 def test_drift_config_is_respected(con):

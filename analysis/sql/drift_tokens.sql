@@ -1,14 +1,14 @@
 -- Token pass: mean response tokens per step, and the off-policy gap of every trained token:
 -- gap = version_before of the update that trained it - token_policy_versions[j] of the token.
 -- A trajectory in several updates counts once per update. Steps without tokens (scripted
--- policies) add nothing. `token_policy_versions` has the response's length and is cheap to decode.
+-- policies) add nothing. Per-step summaries (`step_token_summary`), so no token array is decoded.
 WITH per_step AS MATERIALIZED (
     SELECT
         trajectory_id,
-        len(token_policy_versions)      AS n,
-        list_sum(token_policy_versions) AS version_sum,
-        list_min(token_policy_versions) AS version_min
-    FROM step_recorded
+        response_tokens                 AS n,
+        token_version_sum               AS version_sum,
+        token_version_min               AS version_min
+    FROM step_token_summary
     WHERE run_id = $run_id
 ),
 trained AS (
