@@ -37,6 +37,7 @@ from rich.console import Console
 from rich.table import Table
 
 from analysis import DriftConfig, connect, drift_metrics
+from pipeline.summaries import with_summaries
 from schemas import (
     EpisodeFinished,
     EpisodeStarted,
@@ -131,8 +132,9 @@ def _steps(rng, tids: pa.Array, gids: pa.Array, traj: np.ndarray, step: np.ndarr
     })
 
 
-def generate(root: Path, trajectories: int) -> dict:
-    """Write the synthetic run; return {event type: bytes} and the step count."""
+def generate(root: Path, trajectories: int, summaries: bool = True, per_file: int = PER_FILE) -> dict:
+    """Write the synthetic run; return {event type: bytes} and the step count. `summaries`: StepRecorded
+    files with the ledger's token summaries (as it writes them now) or without (files from before)."""
     rng = np.random.default_rng(0)
     t = np.arange(trajectories)
     success = t % 2 == 0
@@ -143,9 +145,10 @@ def generate(root: Path, trajectories: int) -> dict:
     step = np.arange(len(traj)) - np.repeat(np.cumsum(length) - length, length)
     gids = pc.binary_join_element_wise("g", pa.array(t // GROUP).cast(pa.string()), "")
     sizes = {"StepRecorded": 0}
-    for i, a in enumerate(range(0, len(traj), PER_FILE)):
-        s = slice(a, a + PER_FILE)
+    for i, a in enumerate(range(0, len(traj), per_file)):
+        s = slice(a, a + per_file)
         table = _steps(rng, tids, gids, traj[s], step[s], success[traj[s]], tversion[traj[s]], a)
+        table = with_summaries("StepRecorded", table) if summaries else table
         sizes["StepRecorded"] += _write(root, StepRecorded, table, f"{i:05d}")
     sizes["EpisodeStarted"] = _write(root, EpisodeStarted, _table(EpisodeStarted, {
         **_common(trajectories, EpisodeStarted, "es"), "trajectory_id": tids, "group_id": gids,
@@ -177,7 +180,7 @@ def _groups_and_updates(root: Path, rng, tids: pa.Array, success, length, tversi
         "update_step": u, "version_before": int(tversion[a]) + 1 + u % 2, "version_after": int(tversion[a]) + 2 + u % 2,
         "group_ids": [], "trajectory_ids": ids[a:a + PER_UPDATE], "loss": 0.1, "grad_norm": 1.0,
         "stats": {"clip_frac": float(rng.random() * 0.1)}, "config_json": "{}", "weights_sha256": SHA,
-        "duration_s": 1.0} for u, a in enumerate(range(0, len(ids), PER_UPDATE))], schema=arrow_schema(UpdateApplied))
+        "duration_s": 1.0, "wait_s": 0.0, "compute_s": 1.0, "world_size": 1} for u, a in enumerate(range(0, len(ids), PER_UPDATE))], schema=arrow_schema(UpdateApplied))
     return {"GroupCompleted": _write(root, GroupCompleted, gtable, "0"),
             "UpdateApplied": _write(root, UpdateApplied, utable, "0")}
 
