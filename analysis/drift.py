@@ -28,8 +28,9 @@ step 0 and updating their values. These metrics make that visible from the ledge
   over the updates that reported it; None when none did.
 
 Everything is SQL over the ledger views (`analysis/sql/drift_*.sql`), with the config bound as
-parameters. The memory column is decoded once into a temp table; the token pass decodes one token
-array per step and dominates the cost, so `DriftConfig.token_metrics` can skip it.
+parameters. The memory column is decoded once into a temp table; the token pass reads the ledger's
+per-step token summaries (`step_token_summary`), and decodes token arrays only in files written before
+the ledger stored them.
 """
 
 from __future__ import annotations
@@ -75,8 +76,9 @@ class DriftConfig:
     clip_stat: str = "clip_frac"
     """UpdateApplied.stats key holding the fraction of tokens whose ratio was clipped."""
     token_metrics: bool = True
-    """Compute the token metrics (response tokens per step, off-policy gap). They decode every
-    step's token array: on 1M steps of ~240 tokens, ~2.4 s of the 3.6 s total (bench/drift.py)."""
+    """Compute the token metrics (response tokens per step, off-policy gap). From the ledger's token
+    summaries they cost little; over files from before the summaries they decode every step's token
+    array (on 1M steps of ~240 tokens, about two thirds of the report's time: bench/ledger_scale.py)."""
 
     @property
     def generic_regex(self) -> str:

@@ -183,6 +183,27 @@ def ledger_sync(
                   f"{stats.duplicates} duplicates skipped, max lag {stats.max_lag_s:.2f}s")
 
 
+@ledger_app.command("compact")
+def ledger_compact(
+    run_id: list[str] = typer.Option(..., "--run-id", help="Run(s) whose small files to merge (repeatable)."),
+    ledger_uri: str = typer.Option(None, help="Override AWRL_LEDGER_URI (s3://bucket/prefix or a directory)."),
+) -> None:
+    """Merge runs' small event files into large sorted ones (what the Dagster `compaction` asset does);
+    safe while writers and queries run."""
+    from pipeline.ledger import compact_ledger
+    from pipeline.settings import StackSettings
+
+    settings = StackSettings()
+    if ledger_uri:
+        settings = settings.model_copy(update={"ledger_uri": ledger_uri})
+    for run in run_id:
+        with console.status(f"compacting {run} ..."):
+            results = compact_ledger(settings, run)
+        for event_type, r in sorted(results.items()):
+            console.print(f"{run} {event_type}: {r.files_before} -> {r.files_after} files ({r.rows} rows merged, "
+                          f"{r.deleted} superseded files deleted)")
+
+
 @app.command()
 def rollout(
     suite: SuiteName = typer.Option("sites", help="Task suite: sites (our multi-page sites), miniwob or boxes."),

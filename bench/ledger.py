@@ -2,8 +2,11 @@
 
     .venv/bin/python bench/ledger.py [--events 20000]
 
-Events are published first, then one writer drains them into a local directory and into S3 (the
-local radosgw), side by side in one run.
+Events are published first, then, side by side in one run: one writer drains them into a local
+directory and into S3 (the local radosgw); two writer processes in one consumer group drain them into
+a local directory; and each stage of the writer is timed alone on the same events (one core): the
+broker fetch (kafka-python), decode + validation (the dead-letter decision), event -> Arrow, token
+summaries, Parquet zstd. The stages' combined rate bounds what one writer process can do.
 """
 
 from __future__ import annotations
@@ -45,6 +48,63 @@ def drain(settings, ledger_uri: str, n: int, consumer_group: str) -> dict:
             "max_lag_s": stats.max_lag_s}
 
 
+def drain_processes(settings, root: Path, n: int, writers: int) -> dict:
+    """`writers` `awrl ledger sync --follow` processes in one group; time until the ledger holds n rows."""
+    import os
+    import subprocess
+    import sys
+
+    import pyarrow.parquet as pq
+
+    env = {**os.environ, **settings.environ(), "AWRL_LEDGER_URI": str(root)}
+    cmd = [sys.executable, "-m", "app.cli", "ledger", "sync", "--follow"]
+    t0 = time.perf_counter()
+    procs = [subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for _ in range(writers)]
+    try:
+        rows, done_at = 0, None
+        while rows < n and time.perf_counter() - t0 < 600:
+            time.sleep(0.2)
+            files = list(root.rglob("*.parquet"))
+            rows = sum(pq.ParquetFile(f).metadata.num_rows for f in files)
+            done_at = time.perf_counter()
+        assert rows == n, (rows, n)
+    finally:
+        for p in procs:
+            p.terminate()
+            p.wait()
+    return {"events_per_s": n / (done_at - t0), "files": len(files), "note": "includes process start and group join"}
+
+
+def stages(settings, batch: int = 2_000) -> dict[str, float]:
+    """Each writer stage alone over the topic's events, in events/s."""
+    import io
+
+    import pyarrow.parquet as pq
+
+    from pipeline.bus import _rejection, read_records
+    from pipeline.summaries import with_summaries
+    from pipeline.topics import ROLLOUT
+    from schemas import events_to_table
+
+    t = time.perf_counter()
+    records = read_records(settings, ROLLOUT)
+    out = {"broker fetch (kafka-python)": len(records) / (time.perf_counter() - t)}
+    t = time.perf_counter()
+    events = [_rejection(ROLLOUT, r.value) for r in records]
+    out["decode + validation"] = len(events) / (time.perf_counter() - t)
+    t = time.perf_counter()
+    tables = [events_to_table(events[i:i + batch]) for i in range(0, len(events), batch)]
+    out["event -> Arrow"] = len(events) / (time.perf_counter() - t)
+    t = time.perf_counter()
+    tables = [with_summaries("StepRecorded", tb) for tb in tables]
+    out["token summaries"] = len(events) / (time.perf_counter() - t)
+    t = time.perf_counter()
+    for tb in tables:
+        pq.write_table(tb, io.BytesIO(), compression="zstd", row_group_size=64_000)
+    out["Parquet zstd write"] = len(events) / (time.perf_counter() - t)
+    return out
+
+
 def main(events: int = 20_000) -> None:
     with tempfile.TemporaryDirectory() as d:
         stack = LocalStack.up(Path(d) / "stack", durable=False)
@@ -61,16 +121,29 @@ def main(events: int = 20_000) -> None:
             with console.status("draining into S3 ..."):
                 s3_uri = f"s3://{settings.s3_bucket}/bench-{uuid.uuid4().hex[:6]}"
                 results["s3"] = drain(settings, s3_uri, events, "ledger-s3")
+            with console.status("two writer processes draining into a local directory ..."):
+                results["local, 2 writers"] = drain_processes(settings, Path(d) / "ledger2", events, 2)
+            with console.status("timing each stage ..."):
+                results["stages"] = stages(settings)
         finally:
             stack.down()
     table = Table(title=f"ledger writer, {events:,} StepRecorded events (~300 response tokens each)")
     for col in ("target", "events/s", "Parquet bytes/step", "JSON bytes/event", "files"):
         table.add_column(col, justify="right")
-    for target in ("local", "s3"):
+    for target in ("local", "s3", "local, 2 writers"):
         r = results[target]
-        table.add_row(target, f"{r['events_per_s']:,.0f}", f"{r['parquet_bytes_per_step']:,.0f}",
+        table.add_row(target, f"{r['events_per_s']:,.0f}", f"{r.get('parquet_bytes_per_step', 0):,.0f}",
                       f"{json_bytes:,.0f}", str(r["files"]))
     console.print(table)
+    stage_table = Table(title="one writer's stages, each alone on the same events (events/s, one core)")
+    stage_table.add_column("stage")
+    stage_table.add_column("events/s", justify="right")
+    stage_table.add_column("share of the time", justify="right")
+    total = sum(1 / r for r in results["stages"].values())
+    for name, rate in results["stages"].items():
+        stage_table.add_row(name, f"{rate:,.0f}", f"{(1 / rate) / total:.0%}")
+    stage_table.add_row("all stages in sequence (bound)", f"{1 / total:,.0f}", "100%")
+    console.print(stage_table)
     out = Path(__file__).parent / "out"
     out.mkdir(exist_ok=True)
     (out / "ledger.json").write_text(json.dumps(results, indent=2))

@@ -50,8 +50,9 @@ def _files(root: Path) -> tuple[int, int]:
 
 
 def measure(root: Path, repeat: int) -> dict:
-    from analysis import connect, drift_metrics
     from drift import RUN
+
+    from analysis import connect, drift_metrics
 
     files, size = _files(root)
     con = connect(root)

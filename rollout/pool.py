@@ -132,6 +132,7 @@ class RolloutPool:
         watcher = threading.Thread(target=self._watch_versions, daemon=True)
         feeder.start(), watcher.start()
         self._all_done = asyncio.Event()
+        self._announcing: set[asyncio.Future] = set()
         self._loop = loop
         if self._stop_requested.is_set():
             self._all_done.set()
@@ -145,6 +146,7 @@ class RolloutPool:
             runners = [asyncio.create_task(self._work(w, jobs)) for w in workers]
             await self._all_done.wait()
             await _cancel_all(runners)
+            await asyncio.gather(*self._announcing, return_exceptions=True)  # groups already announced
             await asyncio.gather(*(w.close() for w in workers))
         self._stop.set()
         self.stats.screenshots_uploaded = self.store.stats.puts
@@ -223,6 +225,16 @@ class RolloutPool:
             self._on_progress(self)
 
     async def _complete(self, group: _Group) -> None:
+        # Shielded: once `GroupCompleted` is sent, its offset must be recorded even if the pool stops
+        # meanwhile (another group reaching `max_groups` cancels this worker), or the next pool in the
+        # consumer group runs the group again and it completes twice. `run` awaits these before its
+        # feeder's last commit.
+        task = asyncio.ensure_future(self._announce(group))
+        self._announcing.add(task)
+        task.add_done_callback(self._announcing.discard)
+        await asyncio.shield(task)
+
+    async def _announce(self, group: _Group) -> None:
         d, rs = group.dispatch, group.results
         versions = group.versions or {self.policy.version}
         completed = GroupCompleted(
