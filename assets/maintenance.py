@@ -7,6 +7,7 @@ minute after the switch, so queries running meanwhile still see every row once.
 """
 
 import dagster as dg
+import pyarrow as pa
 
 from assets.io import Ledger
 from assets.tables import runs
@@ -14,12 +15,18 @@ from pipeline.ledger import compact_ledger
 
 
 @dg.asset(partitions_def=runs)
-def compaction(context: dg.AssetExecutionContext, ledger: Ledger) -> dg.MaterializeResult:
-    """One compaction pass over the run's event files: files before and after, rows merged."""
+def compaction(context: dg.AssetExecutionContext, ledger: Ledger) -> dg.Output[pa.Table]:
+    """One compaction pass over the run's event files: per event type, files before and after, rows
+    merged and superseded files deleted."""
     results = compact_ledger(ledger.settings(), context.partition_key)
-    return dg.MaterializeResult(metadata={
+    table = pa.Table.from_pylist(
+        [{"event_type": t, "files_before": r.files_before, "files_after": r.files_after, "rows_merged": r.rows,
+          "files_deleted": r.deleted} for t, r in sorted(results.items())],
+        schema=pa.schema([("event_type", pa.string()), ("files_before", pa.int64()), ("files_after", pa.int64()),
+                          ("rows_merged", pa.int64()), ("files_deleted", pa.int64())]))
+    return dg.Output(table, metadata={
+        "dagster/row_count": table.num_rows,
         "files_before": sum(r.files_before for r in results.values()),
         "files_after": sum(r.files_after for r in results.values()),
         "rows_merged": sum(r.rows for r in results.values()),
-        "files_deleted": sum(r.deleted for r in results.values()),
     })
