@@ -146,5 +146,7 @@ class Position:
 
 
 def s3_put(client, path: str, data: bytes) -> None:
+    """One PUT with a length: the object appears whole or not at all. (pyarrow's multipart writer
+    sends parts without Content-Length, which radosgw refuses with HTTP 411.)"""
     bucket, key = path.split("/", 1)
     client.put_object(bucket, key, io.BytesIO(data), len(data))

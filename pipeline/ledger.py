@@ -115,8 +115,16 @@ def compact_ledger(settings: StackSettings, run_id: str, config: CompactionConfi
                    ) -> dict[str, CompactionResult]:
     """Merge one run's small files (`pipeline.compaction`), on the local or S3 ledger."""
     fs, root = ledger_filesystem(settings)
-    put = None if isinstance(fs, pafs.LocalFileSystem) else lambda path, data: s3_put(minio_client(settings), path, data)
-    return compact_run(fs, root, run_id, config, put)
+    return compact_run(fs, root, run_id, config, _object_put(settings, fs))
+
+
+def _object_put(settings: StackSettings, fs: pafs.FileSystem):
+    """The S3 ledger's atomic write (`s3_put` through one client); None on a local ledger, whose
+    writers use `write_atomic`."""
+    if isinstance(fs, pafs.LocalFileSystem):
+        return None
+    client = minio_client(settings)
+    return lambda path, data: s3_put(client, path, data)
 
 
 class LedgerWriter:
@@ -127,9 +135,8 @@ class LedgerWriter:
         self.last_flush_at: float | None = None
         """perf_counter() of the last durable flush (benchmarks exclude the idle wait after it)."""
         self.recent = RecentIds(config.dedup_window)
-        put = None if isinstance(self.fs, pafs.LocalFileSystem) else lambda path, data: s3_put(
-            minio_client(settings), path, data)
-        self.journal = Journal(self.fs, self.root, put)
+        self._put = _object_put(settings, self.fs)
+        self.journal = Journal(self.fs, self.root, self._put)
         self._entries: dict[tuple[str, int], list[str]] = {}
         """Each partition's journal entries this member knows of, oldest first: all but the newest go
         once a commit covers them."""
@@ -247,15 +254,11 @@ class LedgerWriter:
         pq.write_table(table, buf, compression=self.config.compression, row_group_size=self.config.row_group_size)
         data = buf.getvalue()
         path = path or self._path(run_id, event_type)
-        if isinstance(self.fs, pafs.LocalFileSystem):
+        if self._put is None:
             write_atomic(path, data)
         else:
-            # One PUT with a length: the object appears whole or not at all. (pyarrow's multipart
-            # writer sends parts without Content-Length, which radosgw refuses with HTTP 411.)
-            bucket, key = path.split("/", 1)
-            client = minio_client(self.settings)
-            patiently(lambda: client.put_object(bucket, key, io.BytesIO(data), len(data)), "writing a ledger file",
-                      self.config.store_patience_s, self._waited)
+            patiently(lambda: self._put(path, data), "writing a ledger file", self.config.store_patience_s,
+                      self._waited)
         self.stats.written += len(events)
         self.stats.files += 1
         self.stats.bytes += len(data)
