@@ -41,11 +41,12 @@ def drain(settings, ledger_uri: str, n: int, consumer_group: str) -> dict:
     writer = LedgerWriter(s, LedgerConfig(consumer_group=consumer_group))
     t0 = time.perf_counter()
     stats = writer.sync(idle_exit_s=2.0)
-    # The idle wait at the end is not writing time: take the time of the last flush instead.
-    elapsed = (writer.last_flush_at or time.perf_counter()) - t0
     assert stats.written == n, (stats.written, n)
-    return {"events_per_s": n / elapsed, "parquet_bytes_per_step": stats.bytes / n, "files": stats.files,
-            "max_lag_s": stats.max_lag_s}
+    # Neither the group join before the first records nor the idle wait after the last flush is
+    # writing time: count from the first poll that returned events (less the events it returned).
+    first_at, first_n = writer.first_poll
+    return {"events_per_s": (n - first_n) / (writer.last_flush_at - first_at), "join_s": first_at - t0,
+            "parquet_bytes_per_step": stats.bytes / n, "files": stats.files, "max_lag_s": stats.max_lag_s}
 
 
 def drain_processes(settings, root: Path, n: int, writers: int) -> dict:
@@ -75,33 +76,48 @@ def drain_processes(settings, root: Path, n: int, writers: int) -> dict:
     return {"events_per_s": n / (done_at - t0), "files": len(files), "note": "includes process start and group join"}
 
 
-def stages(settings, batch: int = 2_000) -> dict[str, float]:
-    """Each writer stage alone over the topic's events, in events/s."""
+def stages(settings, batch: int = 2_000) -> dict[str, dict[str, float]]:
+    """Each writer stage alone over the topic's events, in events/s: the former path (events as
+    Python objects) and the columnar one side by side."""
+
+
+    from pipeline.bus import _rejection, read_records
+    from pipeline.topics import ROLLOUT
+    from schemas import StepRecorded, decode_event, events_to_table
+    from schemas.columnar import columnar_table, decode_columnar
+
+    t = time.perf_counter()
+    records = read_records(settings, ROLLOUT)
+    fetch = len(records) / (time.perf_counter() - t)
+    paths = {}
+    for name, decode, to_table in (("python objects", decode_event, lambda es: events_to_table(es, StepRecorded)),
+                                   ("columnar", decode_columnar, lambda es: columnar_table(es, StepRecorded))):
+        out = paths[name] = {"broker fetch (kafka-python)": fetch}
+        t = time.perf_counter()
+        events = [_rejection(ROLLOUT, r.value, decode) for r in records]
+        out["decode + validation"] = len(events) / (time.perf_counter() - t)
+        t = time.perf_counter()
+        tables = [to_table(events[i:i + batch]) for i in range(0, len(events), batch)]
+        out["event -> Arrow"] = len(events) / (time.perf_counter() - t)
+        out.update(_write_stages(tables, len(events)))
+    return paths
+
+
+def _write_stages(tables, n: int) -> dict[str, float]:
     import io
 
     import pyarrow.parquet as pq
 
-    from pipeline.bus import _rejection, read_records
     from pipeline.summaries import with_summaries
-    from pipeline.topics import ROLLOUT
-    from schemas import events_to_table
 
-    t = time.perf_counter()
-    records = read_records(settings, ROLLOUT)
-    out = {"broker fetch (kafka-python)": len(records) / (time.perf_counter() - t)}
-    t = time.perf_counter()
-    events = [_rejection(ROLLOUT, r.value) for r in records]
-    out["decode + validation"] = len(events) / (time.perf_counter() - t)
-    t = time.perf_counter()
-    tables = [events_to_table(events[i:i + batch]) for i in range(0, len(events), batch)]
-    out["event -> Arrow"] = len(events) / (time.perf_counter() - t)
+    out = {}
     t = time.perf_counter()
     tables = [with_summaries("StepRecorded", tb) for tb in tables]
-    out["token summaries"] = len(events) / (time.perf_counter() - t)
+    out["token summaries"] = n / (time.perf_counter() - t)
     t = time.perf_counter()
     for tb in tables:
         pq.write_table(tb, io.BytesIO(), compression="zstd", row_group_size=64_000)
-    out["Parquet zstd write"] = len(events) / (time.perf_counter() - t)
+    out["Parquet zstd write"] = n / (time.perf_counter() - t)
     return out
 
 
@@ -128,21 +144,23 @@ def main(events: int = 20_000) -> None:
         finally:
             stack.down()
     table = Table(title=f"ledger writer, {events:,} StepRecorded events (~300 response tokens each)")
-    for col in ("target", "events/s", "Parquet bytes/step", "JSON bytes/event", "files"):
+    for col in ("target", "events/s", "group join s", "Parquet bytes/step", "JSON bytes/event", "files"):
         table.add_column(col, justify="right")
     for target in ("local", "s3", "local, 2 writers"):
         r = results[target]
-        table.add_row(target, f"{r['events_per_s']:,.0f}", f"{r.get('parquet_bytes_per_step', 0):,.0f}",
-                      f"{json_bytes:,.0f}", str(r["files"]))
+        table.add_row(target, f"{r['events_per_s']:,.0f}", f"{r.get('join_s', 0):.1f}",
+                      f"{r.get('parquet_bytes_per_step', 0):,.0f}", f"{json_bytes:,.0f}", str(r["files"]))
     console.print(table)
     stage_table = Table(title="one writer's stages, each alone on the same events (events/s, one core)")
     stage_table.add_column("stage")
-    stage_table.add_column("events/s", justify="right")
-    stage_table.add_column("share of the time", justify="right")
-    total = sum(1 / r for r in results["stages"].values())
-    for name, rate in results["stages"].items():
-        stage_table.add_row(name, f"{rate:,.0f}", f"{(1 / rate) / total:.0%}")
-    stage_table.add_row("all stages in sequence (bound)", f"{1 / total:,.0f}", "100%")
+    for path in results["stages"]:
+        stage_table.add_column(f"{path}: events/s", justify="right")
+        stage_table.add_column("share", justify="right")
+    totals = {path: sum(1 / r for r in rates.values()) for path, rates in results["stages"].items()}
+    for name in next(iter(results["stages"].values())):
+        stage_table.add_row(name, *[c for path, rates in results["stages"].items()
+                                    for c in (f"{rates[name]:,.0f}", f"{(1 / rates[name]) / totals[path]:.0%}")])
+    stage_table.add_row("all stages in sequence (bound)", *[c for t in totals.values() for c in (f"{1 / t:,.0f}", "100%")])
     console.print(stage_table)
     out = Path(__file__).parent / "out"
     out.mkdir(exist_ok=True)

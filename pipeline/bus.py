@@ -164,11 +164,14 @@ class EventConsumer:
         producer: EventProducer,
         client_id: str = "awrl",
         on_assigned: OnAssigned | None = None,
+        decode: Callable[[bytes], Event] = decode_event,
     ):
         """`on_assigned`: called inside `poll()` with the (topic, partition)s the group has just given
         this member, before any of their records are returned; records below the offsets it returns
-        are dropped (counted in `skipped`)."""
+        are dropped (counted in `skipped`). `decode`: `decode_event`, or a decoder that accepts and
+        rejects exactly the same messages (the ledger's `schemas.columnar.decode_columnar`)."""
         self.settings = settings
+        self._decode = decode
         self._topics = {topic_name(settings, t): t for t in topics}
         self._dead_letters = producer
         self.dead_lettered = 0
@@ -211,7 +214,7 @@ class EventConsumer:
                 if r.offset < floor:
                     self.skipped += 1
                     continue
-                reason = _rejection(topic, r.value)
+                reason = _rejection(topic, r.value, self._decode)
                 if isinstance(reason, Event):
                     out.append(Delivered(reason, tp.topic, tp.partition, r.offset))
                 else:
@@ -289,12 +292,12 @@ class EventConsumer:
         self._kafka.close(autocommit=False)
 
 
-def _rejection(topic: Topic, value: bytes | None) -> Event | str:
+def _rejection(topic: Topic, value: bytes | None, decode: Callable[[bytes], Event] = decode_event) -> Event | str:
     """The decoded event, or the reason it cannot be accepted on `topic`."""
     if value is None:
         return "empty message (null value)"
     try:
-        event = decode_event(value)
+        event = decode(value)
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first.get("loc", ())) or "<root>"
@@ -302,7 +305,7 @@ def _rejection(topic: Topic, value: bytes | None) -> Event | str:
     except (UnicodeDecodeError, ValueError) as exc:
         return f"undecodable: {exc}"
     if not accepts(topic, event):
-        return f"{type(event).__name__} does not belong on topic '{topic.name}'"
+        return f"{event.event_type} does not belong on topic '{topic.name}'"
     return event
 
 

@@ -10,6 +10,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, model_validator
 
+from schemas.arrow import Int64
+
 ActionKind = Literal["click", "type", "press", "scroll", "goto", "answer", "stop", "invalid"]
 
 _REQUIRED: dict[str, tuple[str, ...]] = {
@@ -28,14 +30,14 @@ class Action(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     kind: ActionKind
-    x: int | None = None
-    y: int | None = None
-    mark: int | None = None
+    x: Int64 | None = None
+    y: Int64 | None = None
+    mark: Int64 | None = None
     """Set-of-Mark element id, instead of coordinates."""
     text: str | None = None
     key: str | None = None
-    dx: int | None = None
-    dy: int | None = None
+    dx: Int64 | None = None
+    dy: Int64 | None = None
     url: str | None = None
     reason: str | None = None
     """For `invalid`: why the model output could not be turned into an action."""

@@ -1,9 +1,10 @@
 """Arrow schemas derived from the event models, and the conversions both ways.
 
-The mapping is by Python type: str -> string, int -> int64, float -> float64, bool -> bool,
+The mapping is by Python type: str -> string, `Int64` -> int64, float -> float64, bool -> bool,
 datetime -> timestamp[us, UTC], Literal[...] -> string, list[T] -> list<T>, dict[str, T] -> map<string, T>,
 nested model -> struct; `X | None` makes the field nullable. A field of a type outside this list is a
-programming error and fails at import of the first schema, not at write time.
+programming error and fails at import of the first schema, not at write time. So is a plain `int`:
+pydantic accepts any size of int, and a valid event the ledger cannot write would stop it for good.
 """
 
 from __future__ import annotations
@@ -12,14 +13,18 @@ import types
 import typing
 from datetime import datetime
 from functools import cache
-from typing import Any, Literal, Union
+from typing import Annotated, Any, Literal, Union
 
 import pyarrow as pa
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
+
+_INT64_RANGE = Field(ge=-(2**63), le=2**63 - 1)
+Int64 = Annotated[int, _INT64_RANGE]
+"""The int of every event field: an int beyond Arrow's int64 makes the event invalid (dead-lettered
+with its reason), not a row the ledger cannot write. Further bounds go in the field's `Field(...)`."""
 
 _SCALARS: dict[type, pa.DataType] = {
     str: pa.string(),
-    int: pa.int64(),
     float: pa.float64(),
     bool: pa.bool_(),
     datetime: pa.timestamp("us", tz="UTC"),
@@ -27,8 +32,8 @@ _SCALARS: dict[type, pa.DataType] = {
 
 
 def _unwrap(tp: Any) -> tuple[Any, bool]:
-    """Strip Annotated and Optional; return (inner type, nullable)."""
-    while typing.get_origin(tp) is typing.Annotated:
+    """Strip Annotated and Optional; return (inner type, nullable). `Int64` stays itself."""
+    while typing.get_origin(tp) is typing.Annotated and not _is_int64(tp):
         tp = typing.get_args(tp)[0]
     if typing.get_origin(tp) in (Union, types.UnionType):
         args = [a for a in typing.get_args(tp) if a is not type(None)]
@@ -38,9 +43,17 @@ def _unwrap(tp: Any) -> tuple[Any, bool]:
     return tp, False
 
 
+def _is_int64(tp: Any) -> bool:
+    return typing.get_args(tp)[0] is int and any(m is _INT64_RANGE for m in tp.__metadata__)
+
+
 def _arrow_type(tp: Any) -> pa.DataType:
     tp, _ = _unwrap(tp)
     origin = typing.get_origin(tp)
+    if origin is typing.Annotated:  # `Int64`
+        return pa.int64()
+    if tp is int:
+        raise TypeError("declare int fields as `schemas.arrow.Int64`: pydantic's int has no size, Arrow's has")
     if tp in _SCALARS:
         return _SCALARS[tp]
     if origin is Literal:
@@ -94,8 +107,8 @@ def _from_arrow(row: dict, model: type[BaseModel], hints: dict) -> dict:
 
 def _value(value: Any, tp: Any) -> Any:
     tp, _ = _unwrap(tp)
-    if value is None:
-        return None
+    if value is None or typing.get_origin(tp) is typing.Annotated:  # None, or an `Int64`
+        return value
     origin = typing.get_origin(tp)
     if origin is dict:
         vt = typing.get_args(tp)[1]

@@ -13,12 +13,14 @@ import base64
 import sys
 import uuid
 from array import array
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Annotated, ClassVar, Literal, Union
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer, TypeAdapter, model_validator
 
 from schemas.actions import Action
+from schemas.arrow import Int64
 
 SCHEMA_VERSION = 4
 """2: GroupDropped; UpdateApplied timings and staleness; PolicyVersionPublished lineage.
@@ -28,18 +30,37 @@ Sha256 = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
 Outcome = Literal["success", "failure", "env_error"]
 
 
-def _packed(code: str):
+def packed_bytes(value: str, itemsize: int) -> bytes:
+    """The little-endian bytes of a packed array (base64 in JSON); ValueError unless valid base64 of
+    whole values. The one check both decoders apply (`decode_event`, and the ledger's column-wise
+    `schemas.columnar`), so they accept and reject the same messages."""
+    data = base64.b64decode(value, validate=True)
+    if len(data) % itemsize:
+        raise ValueError(f"{len(data)} bytes are not a whole number of {itemsize}-byte values")
+    return data
+
+
+@dataclass(frozen=True)
+class Packed:
+    """Marks a packed array field (`PackedInts`, `PackedFloats`) with its wire dtype."""
+
+    dtype: str
+    """numpy dtype of one value on the wire (little-endian)."""
+
+
+def _packed(code: str, dtype: str):
     """Token arrays travel as base64 of little-endian machine arrays in JSON (a list is accepted too).
 
     A step carries ~1.5k numbers; as JSON text they cost ~2x the bytes and most of the decode time
     (measured: 3k vs 6k+ events/s per core). In Python and in Arrow they stay plain lists.
     """
+    itemsize = array(code).itemsize
 
     def unpack(value):
         if not isinstance(value, str):
             return value
         a = array(code)
-        a.frombytes(base64.b64decode(value, validate=True))
+        a.frombytes(packed_bytes(value, itemsize))
         if sys.byteorder != "little":
             a.byteswap()
         return a.tolist()
@@ -50,12 +71,12 @@ def _packed(code: str):
             a.byteswap()
         return base64.b64encode(a.tobytes()).decode()
 
-    return BeforeValidator(unpack), PlainSerializer(pack, when_used="json")
+    return BeforeValidator(unpack), PlainSerializer(pack, when_used="json"), Packed(dtype)
 
 
-PackedInts = Annotated[list[int], *_packed("i")]
+PackedInts = Annotated[list[Int64], *_packed("i", "<i4")]
 """int32 values: token ids and policy versions."""
-PackedFloats = Annotated[list[float], *_packed("d")]
+PackedFloats = Annotated[list[float], *_packed("d", "<f8")]
 """float64 values: log-probs, bit-exact through the wire."""
 
 
@@ -84,7 +105,7 @@ class Event(Frozen):
     """Globally unique id; the ledger deduplicates on it (exactly-once comes from here, not Kafka)."""
     run_id: RunId
     """The training run this fact belongs to; the ledger partitions by it."""
-    schema_version: int = SCHEMA_VERSION
+    schema_version: Int64 = SCHEMA_VERSION
     """Version of this vocabulary the event was written with."""
     emitted_at: datetime = Field(default_factory=_now)
     """UTC time the producer created the event."""
@@ -100,11 +121,11 @@ class TaskGroupDispatched(Event):
     group_id: str
     task_id: str
     suite: str
-    seed: int
-    group_size: int = Field(ge=1)
-    horizon: int = Field(ge=1)
+    seed: Int64
+    group_size: Int64 = Field(ge=1)
+    horizon: Int64 = Field(ge=1)
     """Maximum steps per episode (Easy 10, Medium 20, Hard 30)."""
-    dispatched_at_version: int = Field(ge=0)
+    dispatched_at_version: Int64 = Field(ge=0)
     """Trainer policy version when dispatched; the staleness budget is computed from it."""
 
 
@@ -116,8 +137,8 @@ class EpisodeStarted(Event):
     task_id: str
     worker_id: str
     instruction: str
-    horizon: int = Field(ge=1)
-    policy_version: int = Field(ge=0)
+    horizon: Int64 = Field(ge=1)
+    policy_version: Int64 = Field(ge=0)
     """Version loaded when the episode began; later steps may use newer ones (in-place refresh)."""
 
 
@@ -138,7 +159,7 @@ class StepRecorded(Event):
     trajectory_id: str
     group_id: str
     task_id: str
-    step: int = Field(ge=0)
+    step: Int64 = Field(ge=0)
     screenshot_sha256: Sha256
     """The observation screenshot this step acted on."""
     url: str
@@ -155,7 +176,7 @@ class StepRecorded(Event):
     """log pi_behave of each response token, from the sampler."""
     token_policy_versions: PackedInts
     """Policy version that produced each response token (weights may refresh mid-episode)."""
-    policy_version: int = Field(ge=0)
+    policy_version: Int64 = Field(ge=0)
     """Version loaded when this step was sampled (also for scripted policies, which have no tokens)."""
     env_feedback: str
     """Text the environment reported back (what the action did)."""
@@ -183,7 +204,7 @@ class EpisodeFinished(Event):
     outcome: Outcome
     reward: float
     """Trajectory reward from the judge: 1.0 success, 0.0 otherwise."""
-    num_steps: int = Field(ge=0)
+    num_steps: Int64 = Field(ge=0)
     reason: str
     """Why it ended: judge verdict, horizon reached, or the environment error."""
     answer: str | None = None
@@ -198,11 +219,11 @@ class GroupCompleted(Event):
     task_id: str
     trajectory_ids: list[str]
     rewards: list[float]
-    num_steps: list[int]
+    num_steps: list[Int64]
     """Steps per trajectory, so a consumer knows when it holds every step of the group."""
     outcomes: list[Outcome]
-    min_policy_version: int
-    max_policy_version: int
+    min_policy_version: Int64
+    max_policy_version: Int64
 
     @model_validator(mode="after")
     def _aligned(self) -> GroupCompleted:
@@ -217,14 +238,14 @@ class RankMemory(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    rank: int = Field(ge=0)
-    params_bytes: int = Field(ge=0)
+    rank: Int64 = Field(ge=0)
+    params_bytes: Int64 = Field(ge=0)
     """This rank's parameter shards."""
-    grads_bytes: int = Field(ge=0)
+    grads_bytes: Int64 = Field(ge=0)
     """This rank's gradient shards."""
-    optimizer_bytes: int = Field(ge=0)
+    optimizer_bytes: Int64 = Field(ge=0)
     """This rank's optimizer state (AdamW's two moments and step counters)."""
-    peak_bytes: int = Field(ge=0)
+    peak_bytes: Int64 = Field(ge=0)
     """High-water mark during the step: the CUDA allocator's peak on GPU, the process's peak resident
     set on CPU (which includes the Python runtime and libraries, some hundreds of MB)."""
     device: Literal["cpu", "cuda"]
@@ -235,9 +256,9 @@ class UpdateApplied(Event):
 
     event_type: Literal["UpdateApplied"] = "UpdateApplied"
     topic: ClassVar[str] = "trainer"
-    update_step: int = Field(ge=0)
-    version_before: int = Field(ge=0)
-    version_after: int = Field(ge=0)
+    update_step: Int64 = Field(ge=0)
+    version_before: Int64 = Field(ge=0)
+    version_after: Int64 = Field(ge=0)
     group_ids: list[str]
     trajectory_ids: list[str]
     loss: float
@@ -254,7 +275,7 @@ class UpdateApplied(Event):
     """Time the trainer waited for admissible groups (idle time)."""
     compute_s: float = Field(default=0.0, ge=0)
     """Time in forward/backward/optimizer, all ranks in lock step."""
-    world_size: int = Field(default=1, ge=1)
+    world_size: Int64 = Field(default=1, ge=1)
     """Trainer processes that computed this update (FSDP2 data parallel)."""
     memory: list[RankMemory] | None = None
     """Each rank's memory, in rank order (None in events older than `SCHEMA_VERSION` 4)."""
@@ -265,12 +286,12 @@ class PolicyVersionPublished(Event):
 
     event_type: Literal["PolicyVersionPublished"] = "PolicyVersionPublished"
     topic: ClassVar[str] = "trainer"
-    version: int = Field(ge=0)
+    version: Int64 = Field(ge=0)
     checkpoint_uri: str
     checkpoint_sha256: Sha256
-    update_step: int | None = None
+    update_step: Int64 | None = None
     """The update that produced it; None for the initial policy."""
-    parent_version: int | None = None
+    parent_version: Int64 | None = None
     """The version these weights were trained from (lineage); None for the initial policy."""
     update_ids: list[str] = Field(default_factory=list)
     """`event_id`s of the `UpdateApplied` events that produced it from the parent (lineage)."""
@@ -290,9 +311,9 @@ class GroupDropped(Event):
     sampling); `no_tokens`: no step carries model tokens (scripted policies); `screenshot_corrupted`:
     a stored screenshot no longer hashes to its key; `screenshot_missing`: one is not in the store.
     (New values need no `SCHEMA_VERSION` bump: the column stays a string and old files hold old values.)"""
-    trainer_version: int = Field(ge=0)
+    trainer_version: Int64 = Field(ge=0)
     """The trainer's version when it dropped the group."""
-    min_policy_version: int = Field(ge=0)
+    min_policy_version: Int64 = Field(ge=0)
     """Oldest behaviour version in the group."""
 
 
@@ -305,14 +326,14 @@ class EvaluationCompleted(Event):
     stage: str
     """What was evaluated, e.g. `untrained`, `sft`, `rl`."""
     eval_run_id: RunId
-    policy_version: int = Field(ge=0)
+    policy_version: Int64 = Field(ge=0)
     checkpoint_sha256: Sha256 | None = None
     """Hash of the evaluated weights (None for a scripted policy)."""
     suite: str
     split: str
     difficulty: str | None = None
-    episodes: int = Field(ge=0)
-    successes: int = Field(ge=0)
+    episodes: Int64 = Field(ge=0)
+    successes: Int64 = Field(ge=0)
     ci95_low: float = Field(ge=0, le=1)
     ci95_high: float = Field(ge=0, le=1)
     """Wilson 95% interval of the success rate."""

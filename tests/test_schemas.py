@@ -18,6 +18,7 @@ from schemas import (
     events_to_table,
     table_to_events,
 )
+from schemas.columnar import columnar_table, decode_columnar, packed_fields
 
 from samples import sample_group, sample_step
 
@@ -78,6 +79,28 @@ def test_arrow_schema_is_derived_from_the_model():
     assert schema.field("error_class").nullable and not schema.field("step").nullable
 
 
+@pytest.mark.parametrize("cls", EVENT_TYPES, ids=lambda c: c.__name__)
+def test_columnar_decoding_makes_the_same_table(cls):
+    """The ledger's path (`decode_columnar`, packed arrays kept as bytes, then `columnar_table`) makes
+    exactly the table of decoded events; packed fields sent as plain lists, and events built in Python,
+    too."""
+    events = [e for e in one_of_each() if type(e) is cls]
+    expected = events_to_table(events)
+    columnar = [decode_columnar(encode_event(e)) for e in events]
+    assert columnar_table(columnar, cls).equals(expected, check_metadata=True)
+    assert columnar_table(events, cls).equals(expected, check_metadata=True)
+    if packed_fields(cls):
+        as_lists = [decode_columnar(e.model_dump_json(exclude=set(packed_fields(cls))).replace(
+            "{", "{" + ",".join(f'"{f}":{getattr(e, f)}' for f in packed_fields(cls)) + ",", 1)) for e in events]
+        assert [len(e.response_token_ids) for e in as_lists] == [len(e.response_token_ids) for e in events]
+        mixed = [as_lists[0], *columnar[1:-1], events[-1]]
+        assert columnar_table(mixed, cls).equals(expected, check_metadata=True)
+        assert columnar_table([], cls).equals(events_to_table([], cls), check_metadata=True)
+        with pytest.raises(TypeError, match="other than"):
+            columnar_table([EpisodeStarted(run_id="r", trajectory_id="t", group_id="g", task_id="t", worker_id="w",
+                                           instruction="i", horizon=1, policy_version=0)], cls)
+
+
 def test_json_round_trip_picks_the_class():
     for e in one_of_each():
         assert decode_event(encode_event(e)) == e
@@ -125,3 +148,24 @@ def test_run_ids_that_would_escape_or_break_the_ledger_layout_are_invalid(run_id
     with pytest.raises(ValidationError, match="run_id"):
         EpisodeStarted(run_id=run_id, trajectory_id="t", group_id="g", task_id="k", worker_id="w",
                        instruction="i", horizon=1, policy_version=0)
+
+
+def test_an_int_beyond_int64_makes_an_invalid_event_not_a_row_the_ledger_cannot_write():
+    e = TaskGroupDispatched(run_id="r", group_id="g", task_id="t", suite="s", seed=2**63 - 1, group_size=1, horizon=1,
+                            dispatched_at_version=0)
+    assert events_to_table([e]).column("seed").to_pylist() == [2**63 - 1]
+    with pytest.raises(ValidationError, match="less than or equal to 9223372036854775807"):
+        decode_event(encode_event(e).replace(b'"seed":9223372036854775807', b'"seed":9223372036854775808'))
+    step = sample_step("r", "g", "t", 0, SHA, response_tokens=2).model_dump()
+    with pytest.raises(ValidationError, match="response_token_ids.0"):  # the plain-list form of a packed field
+        type(sample_step("r", "g", "t", 0, SHA)).model_validate({**step, "response_token_ids": [2**64, 1]})
+
+
+def test_a_plain_int_field_has_no_arrow_mapping():
+    from pydantic import BaseModel
+
+    class Loose(BaseModel):
+        n: int
+
+    with pytest.raises(TypeError, match="Int64"):
+        arrow_schema(Loose)
