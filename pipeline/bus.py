@@ -135,11 +135,15 @@ which records are already processed (skipped if delivered)."""
 
 
 class _Assigned(ConsumerRebalanceListener):
-    def __init__(self, consumer: EventConsumer, callback: OnAssigned | None):
-        self.consumer, self.callback = consumer, callback
+    def __init__(self, consumer: EventConsumer, callback: OnAssigned | None, on_revoked: Callable[[], None] | None):
+        self.consumer, self.callback, self.revoked = consumer, callback, on_revoked
 
     def on_partitions_revoked(self, revoked) -> None:
-        pass
+        for tp in revoked:  # what we polled there is no longer ours to commit
+            self.consumer._polled.pop((tp.topic, tp.partition), None)
+        # Before this member rejoins, so the group hands the partitions to no one until it returns.
+        if self.revoked is not None and revoked:
+            self.revoked()
 
     def on_partitions_assigned(self, assigned) -> None:
         if self.callback is not None and assigned:
@@ -165,11 +169,14 @@ class EventConsumer:
         client_id: str = "awrl",
         on_assigned: OnAssigned | None = None,
         decode: Callable[[bytes], Event] = decode_event,
+        on_revoked: Callable[[], None] | None = None,
     ):
         """`on_assigned`: called inside `poll()` with the (topic, partition)s the group has just given
         this member, before any of their records are returned; records below the offsets it returns
         are dropped (counted in `skipped`). `decode`: `decode_event`, or a decoder that accepts and
-        rejects exactly the same messages (the ledger's `schemas.columnar.decode_columnar`)."""
+        rejects exactly the same messages (the ledger's `schemas.columnar.decode_columnar`).
+        `on_revoked`: called when the group takes partitions away, before this member rejoins (on the
+        client's IO thread: it may wait for this process's own work, not call the consumer)."""
         self.settings = settings
         self._decode = decode
         self._topics = {topic_name(settings, t): t for t in topics}
@@ -193,9 +200,11 @@ class EventConsumer:
             max_partition_fetch_bytes=16 * 1024 * 1024,
         )
         self._floors: dict[tuple[str, int], int] = {}
+        self._polled: dict[tuple[str, int], int] = {}
+        """Per partition, the offset after the last record `poll()` has returned or dropped."""
         self.skipped = 0
         """Records dropped below an `on_assigned` floor."""
-        self._kafka.subscribe(list(self._topics), listener=_Assigned(self, on_assigned))
+        self._kafka.subscribe(list(self._topics), listener=_Assigned(self, on_assigned, on_revoked))
 
     @property
     def cluster_id(self) -> str | None:
@@ -210,6 +219,8 @@ class EventConsumer:
         for tp, records in batches.items():
             topic = self._topics[tp.topic]
             floor = self._floors.get((tp.topic, tp.partition), 0)
+            if records:
+                self._polled[(tp.topic, tp.partition)] = records[-1].offset + 1
             for r in records:
                 if r.offset < floor:
                     self.skipped += 1
@@ -234,6 +245,7 @@ class EventConsumer:
         replaced, self._cluster_id = self._cluster_id is not None, cluster_id
         if replaced:
             self._floors.clear()  # offsets of the lost log: the new one numbers from 0 again
+            self._polled.clear()
         if replaced and self._kafka.assignment():
             self._kafka.seek_to_beginning(*self._kafka.assignment())
         self.broker_replacements += replaced
@@ -248,6 +260,12 @@ class EventConsumer:
             *[(f"source_{k}", v) for k, v in (record.headers or [])],
         ]
         return self._dead_letters.send_raw(DEAD_LETTER, record.value or b"", record.key, headers)
+
+    def polled(self) -> dict[tuple[str, int], int]:
+        """What `commit()` would commit now: per partition, the offset after the last record `poll()`
+        returned (valid or dead-lettered) or dropped. Commit it later with `commit(offsets)` to
+        acknowledge exactly what was polled so far."""
+        return dict(self._polled)
 
     def commit(self, offsets: dict[tuple[str, int], int] | None = None) -> bool:
         """Commit every position `poll()` reached, or exactly `{(topic, partition): next_offset}`.

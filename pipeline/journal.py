@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import io
 import json
+import threading
 import uuid
 from collections import deque
 from collections.abc import Iterable
@@ -38,12 +39,14 @@ JOURNAL = "_journal"
 
 
 class RecentIds:
-    """A set of the last `capacity` event ids added (oldest forgotten first)."""
+    """A set of the last `capacity` event ids added (oldest forgotten first). The writer's flush thread
+    and its consumer's IO thread (loading the journal of a partition just assigned) both add."""
 
     def __init__(self, capacity: int):
         self.capacity = capacity
         self._order: deque[str] = deque()
         self._ids: set[str] = set()
+        self._lock = threading.Lock()
 
     def __contains__(self, event_id: str) -> bool:
         return event_id in self._ids
@@ -52,12 +55,13 @@ class RecentIds:
         return len(self._ids)
 
     def add(self, event_id: str) -> None:
-        if event_id in self._ids:
-            return
-        self._order.append(event_id)
-        self._ids.add(event_id)
-        while len(self._order) > self.capacity:
-            self._ids.discard(self._order.popleft())
+        with self._lock:
+            if event_id in self._ids:
+                return
+            self._order.append(event_id)
+            self._ids.add(event_id)
+            while len(self._order) > self.capacity:
+                self._ids.discard(self._order.popleft())
 
     def update(self, event_ids: Iterable[str]) -> None:
         for event_id in event_ids:

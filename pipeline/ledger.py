@@ -2,10 +2,13 @@
 
 Exactly-once here is at-least-once delivery plus idempotent writes: offsets are committed only after
 the Parquet files holding the batch are durable, and an event that can come again is skipped by id.
-A `kill -9` at any moment therefore re-delivers at most one batch per partition, whose files the
-flush's journal entry names (`pipeline.journal`): the member that gets the partition next reads their
-ids. Memory and start-up are bounded by that, not by the ledger's size. Several writers in one
-consumer group share the partitions (`awrl ledger sync --follow`, once per process).
+A batch is written on a thread while the next one is collected, and committed before the next is
+written. A `kill -9` at any moment therefore re-delivers at most those two batches: the one being
+collected wrote nothing, and the files of the one being written are named by its journal entry
+(`pipeline.journal`), whose ids the member that gets the partition next reads. Memory and start-up are
+bounded by that, not by the ledger's size. Several writers in one consumer group share the partitions
+(`awrl ledger sync --follow`, once per process); a member losing partitions finishes its write before
+it rejoins, so their next owner finds every file the journal names.
 
 Each message is validated per message (the dead-letter decision) by `schemas.columnar`, which keeps a
 step's packed token arrays as bytes: a batch's token columns are then one concatenation, not ~2k
@@ -24,6 +27,7 @@ import os
 import time
 import uuid
 from collections import defaultdict
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -133,6 +137,14 @@ def _object_put(settings: StackSettings, fs: pafs.FileSystem):
     return lambda path, data: s3_put(client, path, data)
 
 
+@dataclass(frozen=True)
+class _Flush:
+    future: Future
+    """Of `_flush`: the batch's journal entries, once its files are durable."""
+    polled: dict[tuple[str, int], int]
+    """The offsets to commit then: everything polled up to the end of the batch."""
+
+
 class LedgerWriter:
     def __init__(self, settings: StackSettings, config: LedgerConfig = LedgerConfig()):
         self.settings, self.config = settings, config
@@ -146,6 +158,7 @@ class LedgerWriter:
         self.recent = RecentIds(config.dedup_window)
         self._put = _object_put(settings, self.fs)
         self.journal = Journal(self.fs, self.root, self._put)
+        self._inflight: _Flush | None = None
         self._entries: dict[tuple[str, int], list[str]] = {}
         """Each partition's journal entries this member knows of, oldest first: all but the newest go
         once a commit covers them."""
@@ -176,36 +189,68 @@ class LedgerWriter:
         gc.freeze()
         producer = EventProducer(self.settings, client_id="ledger-dlq")
         consumer = EventConsumer(self.settings, self.config.consumer_group, [TASKS, ROLLOUT, TRAINER], producer,
-                                 client_id="ledger", on_assigned=self._assigned, decode=decode_columnar)
+                                 client_id="ledger", on_assigned=self._assigned, decode=decode_columnar,
+                                 on_revoked=self._wait_for_flush)
+        # One flush at a time runs on this thread while the next batch is collected (Parquet encoding
+        # and fsync release the GIL); its offsets are committed once it is durable, before the next.
+        flusher = ThreadPoolExecutor(1, thread_name_prefix="ledger-flush")
         try:
             idle_since = None  # counted from when the group gave us every partition
             started = time.monotonic()
             while stop is None or not stop.is_set():
                 dead_lettered = self.stats.dead_lettered
                 batch = self._collect(consumer)
+                polled = consumer.polled()
+                flushed = self._settle(consumer, on_flush)
                 if batch:
-                    entries = self._flush(batch, consumer.cluster_id)
-                    committed = consumer.commit()  # only now: the files above are durable
-                    self._journaled(entries, committed)
-                    self.last_flush_at = time.perf_counter()
+                    self._inflight = _Flush(flusher.submit(self._flush, batch, consumer.cluster_id), polled)
                     idle_since = None
-                    if on_flush:
-                        on_flush(self.stats)
                 elif self.stats.dead_lettered > dead_lettered:
                     # A run of bad messages is progress, not idleness; the dead-letter topic has
                     # acknowledged them, so commit, or a restart would dead-letter them again.
-                    consumer.commit()
+                    self._commit(consumer, polled)
+                    idle_since = None
+                elif flushed:
                     idle_since = None
                 elif idle_since is None:
                     complete = consumer.owns_all_partitions or time.monotonic() - started > join_timeout_s
                     idle_since = time.monotonic() if complete and consumer.assigned else None
                 elif not follow and time.monotonic() - idle_since > idle_exit_s:
-                    return self.stats
+                    break
+            self._settle(consumer, on_flush)
             return self.stats
         finally:
+            self._wait_for_flush()  # after an error: let a running write finish (nothing is committed)
+            flusher.shutdown()
             consumer.close()
             producer.close()
             gc.unfreeze()
+
+    def _settle(self, consumer: EventConsumer, on_flush) -> bool:
+        """Wait for the flush in flight (raising its error), then commit what it covered."""
+        inflight, self._inflight = self._inflight, None
+        if inflight is None:
+            return False
+        entries = inflight.future.result()
+        committed = self._commit(consumer, inflight.polled)  # only now: its files are durable
+        self._journaled(entries, committed)
+        self.last_flush_at = time.perf_counter()
+        if on_flush:
+            on_flush(self.stats)
+        return True
+
+    def _wait_for_flush(self) -> None:
+        """Block until the flush in flight has ended (the group waits with the rebalance meanwhile, so
+        the next owner of a partition reads a journal whose files all exist)."""
+        inflight = self._inflight
+        if inflight is not None:
+            wait([inflight.future])
+
+    @staticmethod
+    def _commit(consumer: EventConsumer, polled: dict[tuple[str, int], int]) -> bool:
+        held = consumer.assignment()  # a partition taken away meanwhile is its new owner's to commit
+        offsets = {source: offset for source, offset in polled.items() if source in held}
+        return bool(offsets) and consumer.commit(offsets)
 
     def _waited(self, seconds: float) -> None:
         self.stats.store_waited_s += seconds

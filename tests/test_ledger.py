@@ -11,8 +11,9 @@ import threading
 import time
 
 import pyarrow.dataset as ds
+import pytest
 
-from pipeline.bus import EventProducer
+from pipeline.bus import EventProducer, create_topics
 from pipeline.ledger import LedgerConfig, LedgerWriter, ledger_filesystem, list_parquet
 
 from faults import account
@@ -149,3 +150,71 @@ def test_two_writers_share_the_log_and_one_sigkilled_mid_file_loses_and_duplicat
     assert row.lost == 0 and row.duplicated == 0
     journal = list((tmp_path / "ledger" / "_journal").rglob("*.json"))
     assert len(journal) <= 13  # one entry per partition the writers used (4 + 8 + 1), not one per flush
+
+
+class _SlowFirstWrite(LedgerWriter):
+    """A writer whose first file takes `SLOW_S` to write: long enough for another writer to join the group
+    meanwhile (~3 s), shorter than the session timeout (6 s), which a stalled member would exceed and be
+    dropped. Its batches collect for `COLLECT_S`, so the rebalance comes while it collects (the flush
+    running beside it), not while it waits for the flush to commit it."""
+
+    SLOW_S = 4.5
+    COLLECT_S = 8.0
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.writing = threading.Event()
+
+    def _write(self, *args, **kwargs):
+        if not self.writing.is_set():
+            self.writing.set()
+            time.sleep(self.SLOW_S)
+        super()._write(*args, **kwargs)
+
+
+class _NotWaitingOnRevoke(_SlowFirstWrite):
+    """The negative control: the group moves on mid-flush. Nothing blocks its IO thread, so its write
+    may take long enough for the other writer to have joined and written for sure."""
+
+    SLOW_S = 15.0
+    COLLECT_S = 20.0
+
+    def _wait_for_flush(self) -> None:
+        pass
+
+
+def _join_mid_flush(settings, first_writer: type[_SlowFirstWrite]) -> tuple[list[str], list[str]]:
+    """Writer A starts writing its first file; writer B joins the group meanwhile and takes over some of
+    A's partitions. Returns (produced ids, ledger ids)."""
+    events = [e for g in range(12) for e in sample_group("run-r", f"g{g}", [SHA], seed=g)]
+    EventProducer(settings).publish_all(events)
+    group = f"ledger-{settings.topic_prefix}"
+    a = first_writer(settings, LedgerConfig(consumer_group=group, max_batch_seconds=first_writer.COLLECT_S))
+    b = LedgerWriter(settings, LedgerConfig(consumer_group=group))
+    stops = [threading.Event(), threading.Event()]
+    threads = [threading.Thread(target=w.sync, kwargs={"follow": True, "stop": s}) for w, s in zip((a, b), stops)]
+    threads[0].start()
+    assert a.writing.wait(60)
+    threads[1].start()
+    deadline = time.monotonic() + 60
+    while len(ledger_ids(settings)) < len(events) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    time.sleep(first_writer.SLOW_S + 2)  # anything written twice has landed by now
+    for s, t in zip(stops, threads):
+        s.set()
+        t.join(30)
+    return [e.event_id for e in events], ledger_ids(settings)
+
+
+@pytest.mark.slow
+def test_a_writer_losing_partitions_mid_flush_finishes_it_before_the_group_moves_on(settings, tmp_path):
+    """The flush runs beside the next batch's collection; when the group takes partitions away, the
+    member waits for it before rejoining, so their new owner finds every file the journal names and
+    skips those events. Without the wait (negative control) it writes them again."""
+    produced, ids = _join_mid_flush(settings.model_copy(update={"ledger_uri": str(tmp_path / "ledger")}),
+                                    _SlowFirstWrite)
+    assert sorted(ids) == sorted(produced)
+    control = settings.model_copy(update={"ledger_uri": str(tmp_path / "control"), "topic_prefix": settings.topic_prefix + "c"})
+    create_topics(control)
+    produced, ids = _join_mid_flush(control, _NotWaitingOnRevoke)
+    assert set(ids) == set(produced) and len(ids) > len(set(ids)), "the control should have written some twice"
