@@ -122,7 +122,8 @@ class RolloutPool:
 
     # -- public ----------------------------------------------------------------------------------
     async def run(self, max_groups: int | None = None, on_progress=None) -> PoolStats:
-        """Run until `max_groups` groups completed (forever if None)."""
+        """Run until `max_groups` groups completed (forever if None). A group whose last episode ends
+        while the pool stops is still completed and committed, so a pool may complete a few more."""
         loop = asyncio.get_running_loop()
         self._reap()
         jobs: asyncio.Queue = asyncio.Queue()
