@@ -38,6 +38,7 @@ class PackedValues:
 
 
 
+@cache
 def packed_fields(model: type[Event]) -> dict[str, str]:
     """The model's packed fields and their wire dtypes."""
     return {name: m.dtype for name, f in model.model_fields.items() for m in f.metadata if isinstance(m, Packed)}
@@ -91,7 +92,8 @@ def columnar_table(events: list[Event], model: type[Event]) -> pa.Table:
         return events_to_table(events, model)
     schema = arrow_schema(model)
     rest = pa.schema([f for f in schema if f.name not in packed])
-    table = pa.Table.from_pylist([e.model_dump(exclude=set(packed)) for e in events], schema=rest)
+    exclude = set(packed)
+    table = pa.Table.from_pylist([e.model_dump(exclude=exclude) for e in events], schema=rest)
     columns = {name: _list_column([getattr(e, name) for e in events], dtype, schema.field(name).type)
                for name, dtype in packed.items()}
     return pa.Table.from_arrays([columns[f.name] if f.name in columns else table.column(f.name) for f in schema],
