@@ -14,8 +14,11 @@
 # The server runs float32 there too, so the parity bound of the CPU build applies as it is; a
 # bf16 server's gap is another measurement (bench/vllm_backend.py with AWRL_VLLM_EXTRA_ARGS).
 #
+# Then, where a Docker engine runs, the image and the compose file for real (see the end).
+#
 # Environment: PY (default .venv/bin/python), AWRL_VLLM_EXTRA_ARGS (default below: no CUDA graphs,
-# a third of the GPU, which a 5M-parameter model does not need more of).
+# a third of the GPU, which a 5M-parameter model does not need more of), DOCKER_CHECK=0 to skip the
+# Docker check.
 set -euo pipefail
 
 PY=${PY:-.venv/bin/python}
@@ -39,5 +42,39 @@ set -e
 # the server's log, from the stack directory the test used
 find /tmp/pytest-of-"$(id -un)" -path '*vllm-stack*/log/vllm.log' -newer "$OUT/gpu.txt" -exec tail -n 300 {} \; \
   >"$OUT/vllm_server.log" 2>/dev/null || true
-echo "gpu_check: pytest exit $rc; results in $OUT"
+
+# Docker: tests/test_compose.py checks the build context, its install and the compose model without
+# an engine; where one runs (`docker info` succeeds), build the real images as compose names them
+# (the app and dagster targets, CUDA torch unless the env file says AWRL_TORCH_BUILD=cpu; the build
+# needs the network for the base image, apt and PyPI), validate the GPU profile, and import the CLI
+# inside the image with the GPUs attached (which also proves the NVIDIA container toolkit works).
+# The env file is .env where there is one, else .env.example (compose requires its variables).
+# Log in $OUT/docker.txt; a failure there fails the check as pytest's does.
+docker_rc=0
+if [ "${DOCKER_CHECK:-1}" = 0 ]; then
+  echo "docker: DOCKER_CHECK=0, compose checks skipped" | tee "$OUT/docker.txt"
+elif command -v docker >/dev/null 2>&1 && docker info >/dev/null 2>&1; then
+  envf=.env
+  [ -f "$envf" ] || envf=.env.example
+  tag=$(sed -n 's/^AWRL_IMAGE_TAG=//p' "$envf" | tail -n 1)
+  probe='import app.cli, model, torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "gpus", torch.cuda.device_count())'
+  set +e
+  {
+    echo "env file: $envf" &&
+    timeout 2400 docker compose --env-file "$envf" --profile app --profile dagster build &&
+    docker compose --env-file "$envf" --profile app config --quiet &&
+    echo "compose --profile app config: ok" &&
+    docker run --rm --gpus all "asyncwebrl:${tag:-dev}" python -c "$probe"
+  } 2>&1 | tee "$OUT/docker.txt"
+  docker_rc=${PIPESTATUS[0]}
+  set -e
+  echo "docker: exit $docker_rc" | tee -a "$OUT/docker.txt"
+else
+  echo "docker: no engine here, compose checks skipped" | tee "$OUT/docker.txt"
+fi
+
+echo "gpu_check: pytest exit $rc, docker exit $docker_rc; results in $OUT"
+if [ "$rc" -eq 0 ]; then
+  rc=$docker_rc
+fi
 exit "$rc"
