@@ -74,6 +74,8 @@ def _action(raw: dict, allowed_hosts: frozenset[str], viewport: tuple[int, int] 
     flag = next((f for f in _NUMBERS if isinstance(raw.get(f), bool)), None)
     if flag is not None:
         return _invalid(f"bad action ({flag}: a boolean is not a number)")
+    if raw.get("kind") != "invalid":  # `reason` is the parser's account of an invalid action, not the model's
+        raw = {k: v for k, v in raw.items() if k != "reason"}
     try:
         action = Action.model_validate(raw)
     except ValidationError as exc:
