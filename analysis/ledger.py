@@ -5,7 +5,7 @@
 
 Raw views (`step_recorded`, `episode_started`, ...) have exactly the event fields as columns; the
 derived views (`steps`, `trajectories`, `groups`, `updates`, `policy_versions`, `dropped_groups`, `evaluations`,
-`success_by_version`) are defined in `analysis/sql/<name>.sql`, which users can read and adapt.
+`success_by_version`, `runs`) are defined in `analysis/sql/<name>.sql`, which users can read and adapt.
 
 How the files are read:
 - local root: DuckDB's own Parquet reader over the files of each type. It is ~5x cheaper in CPU than
@@ -42,7 +42,7 @@ SQL_DIR = Path(__file__).with_name("sql")
 RAW_VIEWS: dict[str, type[Event]] = {re.sub(r"(?<!^)(?=[A-Z])", "_", cls.__name__).lower(): cls for cls in EVENT_TYPES}
 """One raw view per event type, named in snake case (`StepRecorded` -> `step_recorded`)."""
 VIEWS: tuple[str, ...] = ("steps", "step_token_summary", "trajectories", "groups", "updates", "policy_versions",
-                         "dropped_groups", "evaluations", "success_by_version")
+                         "dropped_groups", "evaluations", "success_by_version", "runs")
 """Derived views, in creation order; each is `analysis/sql/<name>.sql`."""
 
 Source = StackSettings | str | os.PathLike

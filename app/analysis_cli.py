@@ -1,4 +1,4 @@
-"""`awrl sql | drift | report`: the analysis verbs, added to the main CLI by `register(app)`.
+"""`awrl sql | drift | report | lineage | rebatch | replay`: the analysis verbs, added to the main CLI by `register(app)`.
 
 Every verb opens the ledger named by `StackSettings().ledger_uri` (or `--ledger`) through
 `analysis.connect`, i.e. an in-memory DuckDB holding only views, locked down. `sql` additionally
@@ -6,31 +6,27 @@ refuses any statement that is not a query, by DuckDB's own parser rather than by
 (so `WITH ... INSERT` or a second statement after `;` cannot slip through). Values given with
 `--param name=value` are bound as DuckDB named parameters (`$name`), never pasted into the SQL text.
 Like `app.cli`, each verb imports its machinery inside its function, so that `--help` is instant.
+Every verb that reads takes `--format table|json|csv|markdown` (`app.output`); a verb about one run
+checks first that the ledger holds it (`analysis.runs.require_run`: exit 2 on a mistyped id).
 """
 
 from __future__ import annotations
 
-import csv
-import io
 import json as jsonlib
 import re
-from datetime import date, datetime, timedelta
-from decimal import Decimal
-from enum import Enum
+from dataclasses import asdict
 from pathlib import Path
 from typing import Literal
 
 import duckdb
 import typer
-from rich.console import Console
-from rich.table import Table
 
-console = Console()
+from app.output import FORMAT, NO, Format, console, emit_json, emit_record, emit_rows, fail
+
 Filter = Literal["dynamic", "none", "raft"]
 """`analysis.rebatch.Filter` (not imported: `--help` stays fast; tests/test_cli.py checks they agree)."""
 
 LEDGER = typer.Option(None, "--ledger", help="Ledger root (directory or s3://bucket/prefix); default: AWRL_LEDGER_URI.")
-JSON = typer.Option(False, "--json", help="Print JSON instead of a table.")
 _EXPLAIN = re.compile(r"^\s*EXPLAIN\s+(ANALY[SZ]E\s+)?(\([^)]*\)\s*)?", re.IGNORECASE)
 _PARAM_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -86,30 +82,27 @@ def _check_params(wanted: set[str], given: dict[str, str]) -> None:
         raise BadParameters(f"--param {', '.join(unused)} not used by the query (write ${unused[0]} in it)")
 
 
-def _settings(ledger: str | None):
+def connect_ledger(ledger: str | None, run_id: str | None = None) -> duckdb.DuckDBPyConnection:
+    """The read-only ledger views (`analysis.connect`); with `run_id`, exit 2 unless the run is there."""
+    from analysis.ledger import connect
+    from analysis.runs import require_run
     from pipeline.settings import StackSettings
 
     settings = StackSettings()
-    return settings.model_copy(update={"ledger_uri": ledger}) if ledger else settings
-
-
-def _connect(ledger: str | None) -> duckdb.DuckDBPyConnection:
-    from analysis.ledger import connect
-
-    return connect(_settings(ledger), read_only=True)
-
-
-def _plain(value):
-    """JSON for what DuckDB returns: timestamps, intervals, decimals, maps (dicts), nested lists."""
-    if isinstance(value, datetime | date):
-        return value.isoformat()
-    if isinstance(value, timedelta):
-        return value.total_seconds()
-    if isinstance(value, Decimal):
-        return float(value)
-    if isinstance(value, bytes):
-        return value.hex()
-    return str(value)
+    if ledger:
+        settings = settings.model_copy(update={"ledger_uri": ledger})
+    try:
+        con = connect(settings, read_only=True)
+    except OSError as exc:  # pyarrow's S3 or local filesystem: unreachable, refused, no such bucket
+        raise fail(f"cannot read the ledger at {settings.ledger_uri}: {' '.join(str(exc).split())[:300]} "
+                   "(is the stack up? `awrl stack status`)") from None
+    if run_id is not None:
+        try:
+            require_run(con, run_id)
+        except BaseException:
+            con.close()
+            raise
+    return con
 
 
 def run_query(con: duckdb.DuckDBPyConnection, query: str, limit: int | None = None,
@@ -126,18 +119,9 @@ def run_query(con: duckdb.DuckDBPyConnection, query: str, limit: int | None = No
     return columns, rows[:limit] if truncated else rows, truncated
 
 
-class Format(str, Enum):
-    table = "table"
-    csv = "csv"
-    json = "json"
-    markdown = "markdown"
-
-
 def sql(
     query: str = typer.Argument(..., help="One read-only query over the ledger views (see `DESCRIBE steps`)."),
-    format: Format = typer.Option(Format.table, "--format", "-f",  # noqa: A002 - the option's name
-                                  help="table (one record per block when wider than the terminal), csv, json, markdown."),
-    json: bool = typer.Option(False, "--json", help="Same as --format json."),
+    format: Format = FORMAT,  # noqa: A002 - the option's name
     limit: int = typer.Option(100, help="Rows to print at most (0: all)."),
     param: list[str] = typer.Option(
         [], "--param", "-p", metavar="NAME=VALUE",
@@ -149,62 +133,24 @@ def sql(
     try:
         params = parse_params(param)
     except BadParameters as exc:
-        console.print(f"[bold red]error:[/] {exc}")
-        raise typer.Exit(2) from None
-    con = _connect(ledger)
+        raise fail(str(exc)) from None
+    con = connect_ledger(ledger)
     try:
         columns, rows, truncated = run_query(con, query, limit or None, params)
     except NotReadOnly as exc:
-        console.print(f"[bold red]refused:[/] {exc}")
-        raise typer.Exit(2) from None
-    except BadParameters as exc:
-        console.print(f"[bold red]error:[/] {exc}")
-        raise typer.Exit(2) from None
-    except duckdb.Error as exc:
-        console.print(f"[bold red]error:[/] {exc}")
-        raise typer.Exit(1) from None
+        raise fail(f"refused: {exc}") from None
+    except (BadParameters, duckdb.Error) as exc:
+        raise fail(" ".join(str(exc).split())) from None
     finally:
         con.close()
-    _print_rows(columns, rows, Format.json if json else format)
-    if truncated and not json and format is not Format.json:
-        console.print(f"[dim]first {limit} rows shown; --limit 0 for all[/]", highlight=False)
-
-
-def _print_rows(columns: list[str], rows: list[tuple], fmt: Format) -> None:
-    if fmt is Format.json:
-        typer.echo(jsonlib.dumps([dict(zip(columns, r)) for r in rows], default=_plain))
-        return
-    cells = [["NULL" if v is None else str(v) for v in row] for row in rows]
-    if fmt is Format.csv:
-        out = io.StringIO()
-        csv.writer(out, lineterminator="\n").writerows([columns, *cells])
-        typer.echo(out.getvalue(), nl=False)
-    elif fmt is Format.markdown:
-        def line(values):
-            return "| " + " | ".join(v.replace("|", "\\|").replace("\n", " ") for v in values) + " |"
-        typer.echo("\n".join([line(columns), "|" + "---|" * len(columns), *map(line, cells)]))
-    elif _natural_width(columns, cells) <= console.width:
-        table = Table(*columns)
-        for row in cells:
-            table.add_row(*row)
-        console.print(table)
-    else:  # psql's expanded display: one block per record, nothing squeezed to an ellipsis
-        key = max(map(len, columns))
-        for i, row in enumerate(cells, 1):
-            console.print(f"[dim]-[ record {i} ]" + "-" * max(0, key - 10) + "[/]", highlight=False)
-            for name, value in zip(columns, row):
-                console.print(f"{name.ljust(key)} | {value}", highlight=False, soft_wrap=True)
-
-
-def _natural_width(columns: list[str], cells: list[list[str]]) -> int:
-    """Width of a boxed table showing every value whole."""
-    widths = [max([len(c), *(len(r[i]) for r in cells)]) for i, c in enumerate(columns)]
-    return sum(widths) + 3 * len(widths) + 1
+    emit_rows(columns, rows, format)
+    if truncated and format is Format.table:
+        console.print(f"[dim]first {limit} rows shown; --limit 0 for all[/]")
 
 
 def drift(
     run_id: str = typer.Argument(..., help="The run to measure."),
-    json: bool = JSON,
+    format: Format = FORMAT,  # noqa: A002 - the option's name
     tokens: bool = typer.Option(True, "--tokens/--no-tokens",
                                 help="Token metrics (tokens per step, off-policy gap); they read every token."),
     ledger: str = LEDGER,
@@ -212,19 +158,12 @@ def drift(
     """Memory-schema drift metrics of one run (AsyncWebRL, arXiv 2606.05597, "Memory-schema drift")."""
     from analysis.drift import DriftConfig, drift_metrics
 
-    con = _connect(ledger)
+    con = connect_ledger(ledger, run_id)
     try:
         report = drift_metrics(con, run_id, DriftConfig(token_metrics=tokens)).to_dict()
     finally:
         con.close()
-    if json:
-        typer.echo(jsonlib.dumps(report, default=_plain))
-        return
-    table = Table("metric", "value", title=f"drift of run {run_id}")
-    for key, value in report.items():
-        if not isinstance(value, list):
-            table.add_row(key, "-" if value is None else f"{value:.4g}" if isinstance(value, float) else str(value))
-    console.print(table)
+    emit_record(report, format, title=f"drift of run {run_id}")
 
 
 def report(
@@ -235,7 +174,7 @@ def report(
     """Markdown report with plots: drift metrics, keys per step, lengths by outcome, success over time."""
     from analysis.report import write_report
 
-    con = _connect(ledger)
+    con = connect_ledger(ledger, run_id)
     try:
         path = write_report(con, run_id, out)
     finally:
@@ -246,33 +185,30 @@ def report(
 def lineage(
     run_id: str = typer.Argument(..., help="The training run."),
     version: int = typer.Argument(..., help="A policy version the run published."),
-    json: bool = JSON,
+    format: Format = FORMAT,  # noqa: A002 - the option's name
     ledger: str = LEDGER,
 ) -> None:
     """Which updates, trajectories, tasks and behaviour versions produced a checkpoint."""
-    from dataclasses import asdict
-
     from analysis.lineage import lineage as find
 
-    con = _connect(ledger)
+    con = connect_ledger(ledger, run_id)
     try:
         found = find(con, run_id, version)
     except KeyError as exc:
-        console.print(f"[bold red]error:[/] {exc.args[0]}")
-        raise typer.Exit(1) from None
+        raise fail(f"{exc.args[0]} (`awrl sql \"SELECT version FROM policy_versions WHERE run_id = '{run_id}'\"`)") from None
     finally:
         con.close()
-    if json:
-        typer.echo(jsonlib.dumps(asdict(found), default=_plain))
+    if format is Format.json:
+        emit_json(asdict(found))
         return
-    console.print(f"version {version} of {run_id}: versions {found.versions}, {len(found.updates)} updates, "
-                  f"{len(found.trajectories)} trajectories of {len(found.tasks)} tasks, outcomes {found.outcomes}, "
-                  f"steps by behaviour version {found.behaviour_versions}")
-    table = Table("update", "versions", "trajectories", "loss", "grad norm", "event id")
-    for u in found.updates:
-        table.add_row(str(u["update_step"]), f"{u['version_before']} -> {u['version_after']}", str(u["trajectories"]),
-                      f"{u['loss']:.4g}", f"{u['grad_norm']:.4g}", u["event_id"])
-    console.print(table)
+    columns = ["update_step", "version_before", "version_after", "trajectories", "loss", "grad_norm", "event_id"]
+    rows = [[u["update_step"], u["version_before"], u["version_after"], u["trajectories"], u["loss"], u["grad_norm"],
+             u["event_id"]] for u in found.updates]
+    if format is Format.table:
+        console.print(f"version {version} of {run_id}: versions {found.versions}, {len(found.updates)} updates, "
+                      f"{len(found.trajectories)} trajectories of {len(found.tasks)} tasks, outcomes {found.outcomes}, "
+                      f"steps by behaviour version {found.behaviour_versions}")
+    emit_rows(columns, rows, format)
 
 
 def rebatch(
@@ -280,19 +216,14 @@ def rebatch(
     eta: int = typer.Option(2, help="Counterfactual staleness bound."),
     rule: Filter = typer.Option("dynamic", "--filter", help="dynamic (drop all-equal rewards), none, or raft."),
     png: Path = typer.Option(None, help="Also draw the staleness and advantage histograms here."),
-    json: bool = JSON,
+    format: Format = FORMAT,  # noqa: A002 - the option's name
     ledger: str = LEDGER,
 ) -> None:
     """Counterfactual re-batching: which completed groups (trained or dropped) another rule would admit."""
-    from dataclasses import asdict
-
     from analysis.rebatch import Admission
     from analysis.rebatch import rebatch as judge
 
-    if rule not in ("dynamic", "none", "raft"):
-        console.print(f"[bold red]error:[/] --filter must be dynamic, none or raft, not {rule!r}")
-        raise typer.Exit(2)
-    con = _connect(ledger)
+    con = connect_ledger(ledger, run_id)
     try:
         found = judge(con, run_id, Admission(eta=eta, filter=rule))
     finally:
@@ -301,16 +232,14 @@ def rebatch(
         from analysis.curves import rebatch_png
 
         rebatch_png(found, png)
-    if json:
-        typer.echo(jsonlib.dumps(asdict(found), default=_plain))
+    if format is Format.json:
+        emit_json(asdict(found))
         return
-    console.print(f"{run_id} under eta={eta}, filter={rule}: {len(found.admitted)} of {found.groups} completed "
-                  f"groups admitted; dropped {found.dropped}; the run itself: {found.recorded}")
-    table = Table("version", "groups admitted")
-    for version, n in found.per_version.items():
-        table.add_row(str(version), str(n))
-    console.print(table)
-    console.print(f"staleness (version lag -> groups): {found.staleness}")
+    if format is Format.table:
+        console.print(f"{run_id} under eta={eta}, filter={rule}: {len(found.admitted)} of {found.groups} completed "
+                      f"groups admitted; dropped {found.dropped}; the run itself: {found.recorded}")
+        console.print(f"staleness (version lag -> groups): {found.staleness}")
+    emit_rows(["version", "groups_admitted"], list(found.per_version.items()), format)
 
 
 def replay(
@@ -318,56 +247,79 @@ def replay(
     variant: str = typer.Option(None, help="A named variant: per_trajectory, 1/k (constant), token, raft, "
                                            "tight-clip, no-dual-clip."),
     set_: list[str] = typer.Option([], "--set", help="Config override KEY=VALUE (dotted keys, JSON values), repeatable."),
-    updates: str = typer.Option(None, help="Update steps A..B (inclusive); default all."),
+    updates: str = typer.Option(None, help="Update steps A..B (inclusive), or one step A; default all."),
     out: Path = typer.Option(Path("reports/replay"), help="Directory for replay.md and replay.png."),
-    json: bool = JSON,
+    format: Format = FORMAT,  # noqa: A002 - the option's name
     ledger: str = LEDGER,
 ) -> None:
-    """Re-run recorded updates offline from the ledger (bit-exact), optionally through a loss variant."""
+    """Re-run recorded updates offline from the ledger (bit-exact), optionally through a loss variant.
+    Exit 1 when a replay of the recorded config is not bit-exact."""
     from rich.progress import Progress
 
-    from analysis.replay import VARIANTS, write_report
+    from analysis.replay import VARIANTS, with_overrides, write_report
     from analysis.replay import replay as run
+    from trainer.config import TrainConfig
 
     if variant and variant not in VARIANTS:
-        console.print(f"[bold red]error:[/] unknown variant {variant!r}; known: {', '.join(VARIANTS)}")
-        raise typer.Exit(2)
+        raise fail(f"unknown variant {variant!r}; known: {', '.join(VARIANTS)}")
     overrides: dict[str, object] = dict(VARIANTS[variant]) if variant else {}
     for item in set_:
-        key, _, value = item.partition("=")
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise fail(f"--set takes KEY=VALUE (e.g. grpo.k=5), not {item!r}")
         try:
             overrides[key] = jsonlib.loads(value)
         except jsonlib.JSONDecodeError:
             overrides[key] = value
-    selection = None
-    if updates:
-        a, _, b = updates.partition("..")
-        selection = range(int(a), int(b or a) + 1)
+    selection = _update_range(updates) if updates else None
     try:
-        from analysis.replay import with_overrides
-        from trainer.config import TrainConfig
-
         with_overrides(TrainConfig(run_id="-"), overrides)  # fail fast, before any model is loaded
     except (KeyError, ValueError) as exc:
-        console.print(f"[bold red]error:[/] {exc}")
-        raise typer.Exit(2) from None
-    with Progress(console=console, transient=True, disable=json) as progress:  # --json: stdout is the JSON
+        raise fail(" ".join(str(exc).split())) from None
+    connect_ledger(ledger, run_id).close()
+    with Progress(console=console, transient=True, disable=format is not Format.table) as progress:
         task = progress.add_task("replaying", total=None)
         results = run(_settings(ledger), run_id, overrides or None, selection,
                       on_batch=lambda i, n, _: progress.update(task, completed=i, total=n))
     if not results:
-        console.print(f"[bold red]error:[/] run {run_id!r} has no recorded updates in the ledger")
-        raise typer.Exit(1)
+        raise fail(f"run {run_id!r} has no recorded updates" + (f" in {updates}" if updates else ""))
     path = write_report(results, out, f"replay of {run_id}" + (f", variant {overrides}" if overrides else ""))
-    if json:
-        typer.echo(jsonlib.dumps([{"version_before": b.version_before, "exact": b.exact, "kl": b.kl,
-                                   "same": [vars(r) for r in b.same],
-                                   "variant": [vars(r) for r in b.variant] if b.variant else None,
-                                   "recorded": [{"update_step": u.update_step, "loss": u.loss,
-                                                 "grad_norm": u.grad_norm, "weights_sha256": u.weights_sha256}
-                                                for u in b.recorded]} for b in results], default=_plain))
-        return
-    console.print(path.read_text(), markup=False, highlight=False)
+    if format is Format.json:
+        emit_json([{"version_before": b.version_before, "exact": b.exact, "kl": b.kl,
+                    "same": [vars(r) for r in b.same],
+                    "variant": [vars(r) for r in b.variant] if b.variant else None,
+                    "recorded": [{"update_step": u.update_step, "loss": u.loss, "grad_norm": u.grad_norm,
+                                  "weights_sha256": u.weights_sha256} for u in b.recorded]} for b in results])
+    elif format is Format.markdown:
+        print(path.read_text(), end="")
+    else:
+        rows = [[s.update_step, "yes" if b.exact else "NO", u.loss, s.loss, u.grad_norm, s.grad_norm,
+                 None if b.kl is None else b.kl] for b in results for s, u in zip(b.same, b.recorded)]
+        emit_rows(["update", "exact", "loss_recorded", "loss_replayed", "grad_norm_recorded", "grad_norm_replayed",
+                   "kl_variant"], rows, format)
+        if format is Format.table:
+            console.print(f"report: {path} (and replay.png beside it)")
+    inexact = sum(not b.exact for b in results)
+    if inexact:
+        raise fail(f"{inexact} of {len(results)} batches did not replay bit-exactly (see {path})", NO)
+
+
+def _update_range(text: str) -> range:
+    a, sep, b = text.partition("..")
+    try:
+        first, last = int(a), int(b) if sep else int(a)
+    except ValueError:
+        raise fail(f"--updates takes A..B or A (update steps, e.g. 3..7), not {text!r}") from None
+    if last < first:
+        raise fail(f"--updates {text}: the range is empty")
+    return range(first, last + 1)
+
+
+def _settings(ledger: str | None):
+    from pipeline.settings import StackSettings
+
+    settings = StackSettings()
+    return settings.model_copy(update={"ledger_uri": ledger}) if ledger else settings
 
 
 def register(app: typer.Typer) -> None:

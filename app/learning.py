@@ -17,14 +17,14 @@ import math
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from safetensors.torch import load_file
 
 from analysis import connect
 from analysis.curves import learning_curve_png, success_by_version, version_curve_png
-from app.training import RunConfig, RunSummary, run_training
+from app.training import RunConfig, RunSummary, record_start, run_training, set_by_run
 from model.tiny_vlm import HOME, ensure_tiny_vlm
 from pipeline.bus import EventProducer
 from pipeline.checkpoints import CheckpointStore
@@ -36,14 +36,29 @@ from rollout.episode import EpisodeConfig
 from rollout.evaluate import EvalResult, evaluate
 from rollout.run import RolloutRequest, make_suite, run_rollout
 from schemas import EvaluationCompleted
+from schemas.observation import Difficulty, Split, SuiteName
 from trainer.config import TrainConfig
 from trainer.sft import SFTConfig, SFTResult, train_sft
 
 
+RL_TRAIN = TrainConfig(run_id="", groups_per_update=2, ppo_epochs=2, lr=1e-4, warmup_updates=2,
+                       entropy_coef=1e-3, kl_coef=1.0)
+"""RL hyper-parameters of the learning loop (`make demo`): 2 informative groups a version, 2 optimizer
+steps on each batch (so pi_prox, the clip and approx_kl act), lr 1e-4 after a 2-update warm-up (2e-4
+collapsed the controlled task's format), an entropy bonus, and a KL penalty to the SFT model (beta 1
+halved the invalid actions of a sweep's RL evaluation, where one demo run without it lost its format)."""
+
+CONTROLLED_TRAIN = TrainConfig(run_id="", groups_per_update=4, minibatches=2, ppo_epochs=2, lr=1e-4,
+                               warmup_updates=5)
+"""RL hyper-parameters of the controlled test: 4 groups of 8 a version, 2 epochs of 2 minibatches (4
+optimizer steps, so the clip and approx_kl act), a 5-step warm-up (bench/RESULTS.md has the sweep)."""
+
+
 @dataclass(frozen=True)
 class LearningConfig:
-    suite: str = "sites"
-    difficulty: str | None = "easy"
+    suite: SuiteName = "sites"
+    """Task suite of every stage: sites (our multi-page sites), miniwob or boxes (no browser)."""
+    difficulty: Difficulty | None = "easy"
     """Tasks of this difficulty only, for demonstrations, RL and evaluation alike."""
     demo_episodes: int = 200
     """Oracle demonstration episodes (train split); only successful ones are cloned."""
@@ -59,44 +74,41 @@ class LearningConfig:
     """A run with the same `warm_start` whose SFT evaluation stands for this one: it is not measured
     again, and the curriculum starts from its outcomes (a sweep's arms share one)."""
     sft_epochs: int = 3
+    """Passes of behaviour cloning over the successful demonstrations."""
     sft_lr: float = 1e-3
+    """AdamW learning rate of SFT."""
     sft_batch_steps: int = 4
     """Demonstration steps per SFT optimizer step (small batches: more updates per CPU second)."""
     rl_minutes: float = 10.0
     """Wall budget of the async RL stage."""
     eval_episodes: int = 100
+    """Episodes of each held-out evaluation (Wilson 95% intervals of about +-0.1 at 100)."""
     rl_eval_points: int = 1
     """Held-out evaluations of RL versions, evenly spaced over the published versions, the last one
     included (stages `rl-v<N>`; the final one is also `rl`)."""
-    eval_split: str | None = None
+    eval_split: Split | None = None
     """None: `test` (unseen seeds of the train tasks) for miniwob, `heldout` (unseen templates) for sites."""
     temperature: float = 0.5
     """Sampling temperature of RL and evaluation alike. At 1 a 5M-parameter model breaks its JSON too
     often for any task to succeed (2/30 vs 15/30 at 0.5, the same SFT model); the trainer scores the
     same tempered distribution, so RL stays on-policy."""
     workers: int = 2
+    """Browsers in the pool of every stage."""
     group_size: int = 4
-    train: TrainConfig | None = None
-    """RL hyper-parameters (None: `RL_TRAIN`; the temperature is always `temperature`)."""
-    curriculum: CurriculumConfig | None = CurriculumConfig()
+    """Episodes per RL task group (GRPO's G)."""
+    train: TrainConfig = RL_TRAIN
+    """RL hyper-parameters; the run sets `train.run_id` and `train.temperature` (from `temperature`)."""
+    curriculum: CurriculumConfig = CurriculumConfig()
     """RL draws the task families whose recent success is in band, seeded by the SFT evaluation's
-    outcomes (`rollout.curriculum`); None: every training task alike."""
+    outcomes (`rollout.curriculum`); when not `enabled`, every training task alike."""
     run_id: str = ""
+    """The run's id (the RL run; demonstrations and evaluations are `<run_id>-demos`, `-eval-<stage>`);
+    empty: a new one."""
     out_dir: Path = HOME / "learning"
     """Models, `curve.json` and `curve.png` go to `<out_dir>/<run_id>/`."""
 
-
-RL_TRAIN = TrainConfig(run_id="learn", groups_per_update=2, ppo_epochs=2, lr=1e-4, warmup_updates=2,
-                       entropy_coef=1e-3, kl_coef=1.0)
-"""RL hyper-parameters of the learning loop (`make demo`): 2 informative groups a version, 2 optimizer
-steps on each batch (so pi_prox, the clip and approx_kl act), lr 1e-4 after a 2-update warm-up (2e-4
-collapsed the controlled task's format), an entropy bonus, and a KL penalty to the SFT model (beta 1
-halved the invalid actions of a sweep's RL evaluation, where one demo run without it lost its format)."""
-
-CONTROLLED_TRAIN = TrainConfig(run_id="controlled", groups_per_update=4, minibatches=2, ppo_epochs=2, lr=1e-4,
-                               warmup_updates=5)
-"""RL hyper-parameters of the controlled test: 4 groups of 8 a version, 2 epochs of 2 minibatches (4
-optimizer steps, so the clip and approx_kl act), a 5-step warm-up (bench/RESULTS.md has the sweep)."""
+    def __post_init__(self) -> None:
+        set_by_run(self.train, "train", run_id=(self.run_id, "--run-id"), temperature=(self.temperature, "--temperature"))
 
 
 def controlled(run_id: str, out_dir: Path, rl_minutes: float = 3.0, control: str = "none",
@@ -108,7 +120,8 @@ def controlled(run_id: str, out_dir: Path, rl_minutes: float = 3.0, control: str
         suite="boxes", difficulty=None, templates=("red",), demo_templates=("any",), demo_episodes=300,
         sft_epochs=4, sft_batch_steps=4, rl_minutes=rl_minutes, eval_episodes=96, eval_split="test",
         temperature=1.0, workers=2, group_size=8, rl_eval_points=3, run_id=run_id, out_dir=out_dir,
-        warm_start=warm_start, curriculum=None, train=CONTROLLED_TRAIN.model_copy(update={"run_id": run_id, "control": control}))
+        warm_start=warm_start, curriculum=CurriculumConfig(enabled=False),
+        train=CONTROLLED_TRAIN.model_copy(update={"control": control}))
 
 
 @dataclass
@@ -164,6 +177,7 @@ def run_learning(settings: StackSettings, config: LearningConfig,
     out.mkdir(parents=True, exist_ok=True)
     curve = LearningCurve(run_id)
     producer = EventProducer(settings, client_id="learning")
+    record_start(producer, run_id, "demo", replace(config, run_id=run_id))
     measure = _Evaluator(settings, config, run_id, producer, curve, say)
     try:
         templates = train_templates(config)
@@ -176,8 +190,8 @@ def run_learning(settings: StackSettings, config: LearningConfig,
             measure("sft", sft_dir, 0, sft_s)
 
         say(f"[3/3] async RL for {config.rl_minutes:g} min from the SFT policy")
-        train = (config.train or RL_TRAIN).model_copy(update={"run_id": run_id, "temperature": config.temperature})
-        if config.curriculum is not None and config.sft_measured_by is None:
+        train = config.train.model_copy(update={"run_id": run_id, "temperature": config.temperature})
+        if config.curriculum.enabled and config.sft_measured_by is None:
             LedgerWriter(settings).sync(idle_exit_s=3.0)  # the curriculum starts from this SFT evaluation
         rollout = RolloutRequest(
             suite=config.suite, difficulty=config.difficulty, templates=templates, policy="local", model_dir=sft_dir,
@@ -186,7 +200,7 @@ def run_learning(settings: StackSettings, config: LearningConfig,
             curriculum_from=(f"{config.sft_measured_by or run_id}-eval-sft",))
         curve.rl = run_training(settings, RunConfig(mode="async", minutes=config.rl_minutes, rollout=rollout,
                                                     train=train, run_id=run_id, log_dir=out / "logs"),
-                                on_progress=_rl_progress(say))
+                                on_progress=_rl_progress(say), record=False)
         versions, checkpoints = _published(settings, run_id), CheckpointStore.from_settings(settings)
         for version in _spaced(sorted(versions), config.rl_eval_points):
             measure("rl" if version == max(versions) else f"rl-v{version}", checkpoints.download(versions[version]),

@@ -16,16 +16,19 @@ by process group at the end; the ledger is then drained so the whole run is quer
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
+from importlib import metadata
 from pathlib import Path
 from typing import Literal
 
 import psutil
+from pydantic import TypeAdapter
 
 from model.tiny_vlm import ensure_tiny_vlm
 from pipeline.bus import EventProducer, follow
@@ -35,7 +38,7 @@ from pipeline.topics import TRAINER
 from rollout.episode import EpisodeConfig
 from rollout.pool import PoolStats
 from rollout.run import RolloutRequest, run_rollout
-from schemas import GroupDropped, PolicyVersionPublished, UpdateApplied
+from schemas import GroupDropped, PolicyVersionPublished, RunStarted, UpdateApplied
 from trainer import launch
 from trainer.config import TrainConfig
 from trainer.staleness import StalenessBudget
@@ -47,20 +50,46 @@ class RunConfig:
     minutes: float = 10.0
     """Wall budget for rollout and training (start-up and the final drain are not counted)."""
     rollout: RolloutRequest = RolloutRequest(policy="local", workers=2, group_size=2, difficulty="easy",
-                                             episode=EpisodeConfig(som=True))
+                                             episode=EpisodeConfig(som=True), episodes=None)
     """The pool's side: suite, tasks, policy, its initial weights (the trainer's too), workers, G,
-    curriculum. The run sets `run_id`, `episodes`, `temperature` (the trainer's), `seed` and
-    `min_version`; `everlasting=False` relaunches each browser after every episode (an ablation)."""
+    curriculum. The run sets `run_id`, `episodes`, `temperature` (the trainer's) and `min_version`;
+    `everlasting=False` relaunches each browser after every episode (an ablation)."""
     eta: int = 2
     """Staleness bound of the async schedule (sync is on-policy: 0)."""
     nproc: int = 1
     """Trainer processes."""
     trainer_cpus: str | None = None
     """Cores the trainer runs on (`taskset -c` syntax, e.g. "1"); None: wherever the OS puts it."""
-    train: TrainConfig | None = None
-    """Trainer hyper-parameters; `run_id`, `model_dir` and `eta` are set by the run."""
+    train: TrainConfig = TrainConfig(run_id="", groups_per_update=2)
+    """Trainer hyper-parameters (2 groups a version: the default pool's 2 workers x G=2); the run sets
+    `run_id`, `model_dir` (`rollout.model_dir`) and `eta`."""
     run_id: str = ""
+    """The run's id in the event log and the ledger; empty: a new one (`<mode>-<8 hex digits>`)."""
     log_dir: Path = Path(".awrl/runs")
+    """The trainer's and the ledger writer's logs go to `<log_dir>/<run_id>/`."""
+
+    def __post_init__(self) -> None:
+        set_by_run(self.train, "train", run_id=(self.run_id, "--run-id"),
+                   eta=(self.eta if self.mode == "async" else 0, "--eta"),
+                   model_dir=(self.rollout.model_dir, "--rollout.model-dir"))
+        set_by_run(self.rollout, "rollout", run_id=(self.run_id, "--run-id"), episodes=(None, "--minutes"),
+                   temperature=(self.train.temperature, "--train.temperature"), min_version=(0, "--mode"))
+
+
+def set_by_run(config, prefix: str, **sources: tuple[object, str]) -> None:
+    """Refuse a nested field that the run sets itself (`name=(value the run sets, flag that sets it)`)
+    unless it is left at its default or agrees: a flag the run would overwrite in silence is a mistake."""
+    for name, (value, flag) in sources.items():
+        got = getattr(config, name)
+        if got not in (value, _default(config, name)):
+            raise ValueError(f"--{prefix}.{name.replace('_', '-')} is set by the run: use {flag}")
+
+
+def _default(config, name: str):
+    if hasattr(type(config), "model_fields"):  # pydantic; a required field (run_id) is unset when empty
+        info = type(config).model_fields[name]
+        return "" if info.is_required() else info.default
+    return next(f.default for f in fields(config) if f.name == name)
 
 
 @dataclass
@@ -124,19 +153,36 @@ class RunSummary:
         return self.episodes * 3600 / max(self.seconds, 1e-9)
 
 
-def run_training(settings: StackSettings, config: RunConfig, on_progress=None) -> RunSummary:
-    """Run the schedule for `config.minutes`; `on_progress(progress)` is called about once a second."""
+def record_start(producer: EventProducer, run_id: str, command: str, config) -> None:
+    """Record the run's resolved config (`RunStarted`) in its event log, before anything else it does."""
+    producer.publish(RunStarted(
+        run_id=run_id, command=command, config_json=TypeAdapter(type(config)).dump_json(config).decode(),
+        argv=sys.argv, package_version=_package_version(), host=socket.gethostname())).get(timeout=60)
+
+
+def _package_version() -> str:
+    try:
+        return metadata.version("asyncwebrl")
+    except metadata.PackageNotFoundError:
+        return ""
+
+
+def run_training(settings: StackSettings, config: RunConfig, on_progress=None, record: bool = True) -> RunSummary:
+    """Run the schedule for `config.minutes`; `on_progress(progress)` is called about once a second.
+    `record`: publish the resolved config as this run's `RunStarted` (the learning loop records its own)."""
     run_id = config.run_id or f"{config.mode}-{uuid.uuid4().hex[:8]}"
     logs = config.log_dir / run_id
     logs.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, **settings.environ()}
     if config.rollout.model_dir is None:  # one directory for the trainer and a policy server alike
         config = replace(config, rollout=replace(config.rollout, model_dir=ensure_tiny_vlm()))
-    train = (config.train or TrainConfig(run_id=run_id)).model_copy(update={
+    train = config.train.model_copy(update={
         "run_id": run_id, "model_dir": config.rollout.model_dir, "eta": config.eta if config.mode == "async" else 0})
     config = replace(config, run_id=run_id, train=train)  # the schedules below read the resolved config
     progress, stop = RunProgress(), threading.Event()
     producer = EventProducer(settings, client_id="run")
+    if record:
+        record_start(producer, run_id, "run", config)
     watcher = threading.Thread(target=follow, args=(settings, TRAINER, run_id, progress.on_trainer_event, stop, producer),
                                daemon=True)
     watcher.start()
@@ -179,7 +225,7 @@ def _request(config: RunConfig, run_id: str, episodes: int | None, min_version: 
              seed: int = 0) -> RolloutRequest:
     # The pool samples at the temperature the trainer scores at: the behaviour distribution is one.
     return replace(config.rollout, run_id=run_id, episodes=episodes, temperature=config.train.temperature,
-                   min_version=min_version, seed=seed)
+                   min_version=min_version, seed=config.rollout.seed + seed)
 
 
 def _count(progress: RunProgress):

@@ -47,7 +47,7 @@ def main(minutes: float = 4.0, policy: str = "demo", noise: float = 0.5, workers
                 rollout = replace(RunConfig().rollout, policy=policy, noise=noise, workers=workers,
                                   everlasting=everlasting)
                 config = RunConfig(mode=mode, minutes=minutes, rollout=rollout, log_dir=Path(d) / "runs",
-                                   train=TrainConfig(run_id="-", groups_per_update=2, dynamic_sampling=False))
+                                   train=TrainConfig(run_id="", groups_per_update=2, dynamic_sampling=False))
                 with console.status(f"{name}: {minutes:g} min ..."):
                     summaries[name] = run_training(settings, config)
                 console.print(f"{name}: {summaries[name].episodes} trajectories, {summaries[name].updates} updates")

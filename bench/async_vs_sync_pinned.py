@@ -77,7 +77,7 @@ def main(minutes: float = 3.0, workers: int = 2) -> None:
                     rollout = replace(RunConfig().rollout, policy="vllm", model_dir=model_dir, workers=workers)
                     config = RunConfig(mode=mode, minutes=minutes, rollout=rollout, log_dir=Path(d) / "runs",
                                        trainer_cpus=TRAINER_CORES if layout == "pinned" else None,
-                                       train=TrainConfig(run_id="-", groups_per_update=2, dynamic_sampling=False))
+                                       train=TrainConfig(run_id="", groups_per_update=2, dynamic_sampling=False))
                     before = psutil.cpu_times(percpu=True)
                     with console.status(f"{layout}, {mode}: {minutes:g} min ..."):
                         summary = run_training(settings, config)

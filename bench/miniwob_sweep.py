@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import tempfile
-from dataclasses import replace
 from pathlib import Path
 
 import typer
@@ -27,47 +26,51 @@ console = Console(width=max(Console().width, 150))  # the table's 10 columns, al
 OUT = Path(__file__).parent / "out"
 
 
-def arms():
-    from app.learning import RL_TRAIN
-    from trainer.losses import GRPOConfig
-
-    return {
-        "demo": {},  # make demo's RL: 2 groups a version, 2 epochs, lr 1e-4, KL 1, curriculum on
-        "no-kl": {"train": RL_TRAIN.model_copy(update={"kl_coef": 0.0})},
-        "no-curriculum": {"curriculum": None},
-        "bigger-batch": {"train": RL_TRAIN.model_copy(update={"groups_per_update": 4, "minibatches": 2})},
-        "lr-2e-4": {"train": RL_TRAIN.model_copy(update={"lr": 2e-4})},
-        "lr-5e-5": {"train": RL_TRAIN.model_copy(update={"lr": 5e-5})},
-        "raft": {"train": RL_TRAIN.model_copy(update={"loss": "raft"})},  # RAFT++: successes only, no push-down
-        # a KL penalty to the SFT model (version 0), against the format wear of make demo's third run
-        "kl-0.1": {"train": RL_TRAIN.model_copy(update={"kl_coef": 0.1})},
-        "kl-0.3": {"train": RL_TRAIN.model_copy(update={"kl_coef": 0.3})},
-        # WebGym's N_i = 1/|tau_i|: a long failure weighs as much as a short success, not 2-3 times more
-        "per-trajectory": {"train": RL_TRAIN.model_copy(update={"grpo": GRPOConfig(normalizer="per_trajectory")})},
-    }
+ARMS: dict[str, list[str]] = {
+    "demo": [],  # make demo's RL: 2 groups a version, 2 epochs, lr 1e-4, KL 1, curriculum on
+    "no-kl": ["--train.kl-coef", "0"],
+    "no-curriculum": ["--curriculum.no-enabled"],
+    "bigger-batch": ["--train.groups-per-update", "4", "--train.minibatches", "2"],
+    "lr-2e-4": ["--train.lr", "2e-4"],
+    "lr-5e-5": ["--train.lr", "5e-5"],
+    "raft": ["--train.loss", "raft"],  # RAFT++: successes only, no push-down
+    # a KL penalty to the SFT model (version 0), against the format wear of make demo's third run
+    "kl-0.1": ["--train.kl-coef", "0.1"],
+    "kl-0.3": ["--train.kl-coef", "0.3"],
+    # WebGym's N_i = 1/|tau_i|: a long failure weighs as much as a short success, not 2-3 times more
+    "per-trajectory": ["--train.grpo.normalizer", "per_trajectory"],
+}
+"""Each arm as the `awrl demo` flags that launch it on its own: the sweep parses them with the CLI's own
+parser, so an arm here is exactly the command printed for it."""
 
 
 def main(rl_minutes: float = 6.0, eval_episodes: int = 200, demo_episodes: int = 100, sft_epochs: int = 4,
          arm_names: str = typer.Option("demo,no-kl,kl-0.3", "--arms")) -> None:
-    from app.learning import LearningConfig, run_learning
+    from dataclasses import replace
+
+    from app.configs import DemoCommand, parse
+    from app.learning import run_learning
     from pipeline.stack.local import LocalStack
 
     chosen = arm_names.split(",")
-    table = arms()
+    unknown = sorted(set(chosen) - set(ARMS))
+    if unknown:
+        raise typer.BadParameter(f"unknown arms {unknown}; known: {', '.join(ARMS)}")
+    base = ["--rl-minutes", f"{rl_minutes:g}", "--eval-episodes", str(eval_episodes), "--demo-episodes",
+            str(demo_episodes), "--sft-epochs", str(sft_epochs)]
     results = {}
     with tempfile.TemporaryDirectory() as d:
         stack = LocalStack.up(Path(d) / "stack", durable=False)
         try:
             settings = stack.settings().model_copy(update={"ledger_uri": str(Path(d) / "ledger")})
-            base = LearningConfig(suite="miniwob", demo_episodes=demo_episodes, sft_epochs=sft_epochs,
-                                  rl_minutes=rl_minutes, eval_episodes=eval_episodes, out_dir=Path(d) / "learning")
             first = None
             for name in chosen:
-                config = replace(base, run_id=f"sweep-{name}", **table[name])
-                if first is not None:
-                    config = replace(config, warm_start=base.out_dir / first.run_id / "sft",
+                console.rule(f"arm {name}: awrl demo {' '.join(base + ARMS[name])}")
+                config = parse(DemoCommand, base + ARMS[name], "awrl demo", "").learning
+                config = replace(config, run_id=f"sweep-{name}", out_dir=Path(d) / "learning")
+                if first is not None:  # RL from the first arm's SFT model, compared with its SFT point
+                    config = replace(config, warm_start=config.out_dir / first.run_id / "sft",
                                      sft_measured_by=first.run_id)
-                console.rule(f"arm {name}")
                 curve = run_learning(settings, config, say=console.print)
                 first = first or curve
                 results[name] = curve

@@ -40,7 +40,7 @@ def main(minutes: float = 3.0, nproc: int = 1, policy: str = "demo", model_dir: 
             settings = stack.settings().model_copy(update={"ledger_uri": str(Path(d) / "ledger")})
             rollout = replace(RunConfig().rollout, policy=policy, noise=0.5, model_dir=model_dir, suite=suite)
             config = RunConfig(mode="async", minutes=minutes, rollout=rollout, nproc=nproc, log_dir=Path(d) / "runs",
-                               train=TrainConfig(run_id="-", groups_per_update=1, dynamic_sampling=False,
+                               train=TrainConfig(run_id="", groups_per_update=1, dynamic_sampling=False,
                                                  temperature=temperature))
             with console.status(f"recording: an async run of {minutes:g} min ..."):
                 summary = run_training(settings, config)

@@ -20,6 +20,7 @@ from kafka.errors import CommitFailedError, TopicAlreadyExistsError
 from kafka.structs import OffsetAndMetadata, TopicPartition
 from pydantic import ValidationError
 
+from pipeline import health
 from pipeline.settings import StackSettings
 from pipeline.topics import ALL_TOPICS, DEAD_LETTER, Topic, accepts, partition_key, topic_of
 from schemas import Event, decode_event, encode_event
@@ -211,6 +212,7 @@ class EventConsumer:
         return getattr(self._kafka._client.cluster, "cluster_id", None)  # no public accessor
 
     def poll(self, timeout_ms: int = 1000, max_records: int | None = None) -> list[Delivered]:
+        health.beat()
         batches = self._kafka.poll(timeout_ms=timeout_ms, max_records=max_records)
         if self._broker_replaced():
             return []

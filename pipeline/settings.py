@@ -1,19 +1,45 @@
-"""Where the stack is: one settings object read from the environment or `.env`.
+"""Where the stack is: one settings object, read in one order by every verb and service.
 
-`awrl stack up` writes a `.env` of this shape for the embedded stack; docker-compose reads the same
-variables, so `dagster dev`, the CLI and the containers configure the code identically.
+First the environment (`AWRL_*`), then `./.env`, then the embedded stack's own record
+(`<AWRL_DATA_DIR or .awrl/stack>/stack.env`, written by `awrl stack up`, `awrl run` and `make demo`).
+`awrl stack up` also writes a `.env` of the same shape; docker-compose reads the same variables, so
+`dagster dev`, the CLI and the containers configure the code identically.
 """
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 from pydantic import SecretStr
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, DotEnvSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict
+
+DOTENV = Path(".env")
+STACK_DIR = Path(".awrl/stack")
+"""Where the embedded stack keeps its data unless `AWRL_DATA_DIR` says otherwise."""
+
+
+class MissingSettings(RuntimeError):
+    """A setting the command needs is nowhere: not in the environment, `.env` nor a local stack."""
+
+
+def stack_dir() -> Path:
+    """The embedded stack's data directory: `AWRL_DATA_DIR`, else `.awrl/stack`."""
+    return Path(os.environ.get("AWRL_DATA_DIR") or STACK_DIR)
 
 
 class StackSettings(BaseSettings):
     """Connection settings for the event log and the object store (env prefix `AWRL_`)."""
 
-    model_config = SettingsConfigDict(env_prefix="AWRL_", env_file=".env", extra="ignore", frozen=True)
+    model_config = SettingsConfigDict(env_prefix="AWRL_", env_file=DOTENV, extra="ignore", frozen=True)
+
+    @classmethod
+    def settings_customise_sources(cls, settings_cls, init_settings, env_settings, dotenv_settings,
+                                   file_secret_settings) -> tuple[PydanticBaseSettingsSource, ...]:
+        # pydantic-settings: the later of several env files wins, and the environment beats them all.
+        if dotenv_settings.env_file == DOTENV:  # not overridden by `_env_file`
+            dotenv_settings = DotEnvSettingsSource(settings_cls, env_file=(stack_dir() / "stack.env", DOTENV))
+        return init_settings, env_settings, dotenv_settings, file_secret_settings
 
     kafka_bootstrap: str = "127.0.0.1:9092"
     """Kafka-protocol bootstrap address (Tansu locally, Apache Kafka in docker-compose)."""
@@ -43,9 +69,9 @@ class StackSettings(BaseSettings):
 
     def s3_credentials(self) -> tuple[str, str]:
         if self.s3_access_key is None or self.s3_secret_key is None:
-            raise RuntimeError(
-                "S3 credentials missing: set AWRL_S3_ACCESS_KEY and AWRL_S3_SECRET_KEY "
-                "(`awrl stack up` writes them to .env; docker-compose reads them from .env)"
+            raise MissingSettings(
+                "S3 credentials missing: start the local stack (`awrl stack up`, or `make demo`), or set "
+                "AWRL_S3_ACCESS_KEY and AWRL_S3_SECRET_KEY in the environment or .env (see .env.example)"
             )
         return self.s3_access_key.get_secret_value(), self.s3_secret_key.get_secret_value()
 

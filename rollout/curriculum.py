@@ -34,6 +34,8 @@ from schemas.observation import Task
 
 @dataclass(frozen=True)
 class CurriculumConfig:
+    enabled: bool = True
+    """Steer the dispatcher by outcomes; off: a seeded shuffle of every task."""
     low: float = 0.1
     """Families succeeding less often than this are drawn only to explore."""
     high: float = 0.9

@@ -122,9 +122,9 @@ class RolloutRequest:
     """Keep browsers for the whole run (False: relaunch after every episode, an ablation)."""
     journal_dir: Path | None = Path(".awrl/rollout-journal")
     """Where this host's pools keep their open-episode journals (`rollout.journal`)."""
-    curriculum: CurriculumConfig | None = None
-    """Dispatch from the task families whose recent success is in band (`rollout.curriculum`); None:
-    a seeded shuffle of every task."""
+    curriculum: CurriculumConfig = CurriculumConfig(enabled=False)
+    """Dispatch from the task families whose recent success is in band (`rollout.curriculum`); when
+    not `enabled`, a seeded shuffle of every task."""
     curriculum_from: tuple[str, ...] = ()
     """Earlier runs whose ledgered outcomes seed the curriculum (e.g. the warm start's evaluation)."""
 
@@ -169,7 +169,7 @@ def run_rollout(settings: StackSettings, req: RolloutRequest, show_progress: boo
 def _task_stream(settings, suite: Suite, tasks: list[Task], req: RolloutRequest) -> Iterator[Task]:
     """The dispatcher's task order: a seeded shuffle, or a curriculum fed by the ledger (earlier runs)
     and by this run's own rollout log."""
-    if req.curriculum is None:
+    if not req.curriculum.enabled:
         return task_stream(tasks, seed=req.seed)
     curriculum = Curriculum(tasks, req.curriculum, seed=req.seed, family_of=family_index(suite))
     seed_from_ledger(curriculum, settings, req.curriculum_from)

@@ -14,6 +14,7 @@ from schemas.events import (
     GroupDropped,
     PolicyVersionPublished,
     RankMemory,
+    RunStarted,
     StepRecorded,
     StepTimings,
     TaskGroupDispatched,
@@ -24,6 +25,6 @@ from schemas.events import (
 
 __all__ = [
     "Action", "BY_NAME", "EVENT_TYPES", "SCHEMA_VERSION", "EpisodeFinished", "EpisodeStarted", "EvaluationCompleted", "Event",
-    "GroupCompleted", "GroupDropped", "PolicyVersionPublished", "RankMemory", "StepRecorded", "StepTimings", "TaskGroupDispatched",
+    "GroupCompleted", "GroupDropped", "PolicyVersionPublished", "RankMemory", "RunStarted", "StepRecorded", "StepTimings", "TaskGroupDispatched",
     "UpdateApplied", "arrow_schema", "decode_event", "encode_event", "events_to_table", "table_to_events",
 ]

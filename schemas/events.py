@@ -22,10 +22,11 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainSeriali
 from schemas.actions import Action
 from schemas.arrow import Int64
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 """2: GroupDropped; UpdateApplied timings and staleness; PolicyVersionPublished lineage.
 3: EvaluationCompleted (a learning curve's points).
-4: UpdateApplied.memory (per-rank bytes of the sharded trainer; null in older files)."""
+4: UpdateApplied.memory (per-rank bytes of the sharded trainer; null in older files).
+5: RunStarted (a run's resolved configuration)."""
 Sha256 = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
 Outcome = Literal["success", "failure", "env_error"]
 
@@ -341,7 +342,25 @@ class EvaluationCompleted(Event):
     """Training wall time spent to reach this policy (SFT + RL so far)."""
 
 
+class RunStarted(Event):
+    """A command started (or restarted) a run, with its whole resolved configuration: what `awrl runs
+    show` prints and `awrl <command> --config` launches again."""
+
+    event_type: Literal["RunStarted"] = "RunStarted"
+    topic: ClassVar[str] = "trainer"
+    command: str
+    """The `awrl` verb that started it: `run`, `demo` or `train`."""
+    config_json: str
+    """The verb's config object with every default resolved, as JSON (`app.configs`)."""
+    argv: list[str] = Field(default_factory=list)
+    """The command line as typed (the config is what counts; this is for people)."""
+    package_version: str = ""
+    """Version of the `asyncwebrl` package that ran it."""
+    host: str = ""
+
+
 EVENT_TYPES: tuple[type[Event], ...] = (
+    RunStarted,
     TaskGroupDispatched,
     EpisodeStarted,
     StepRecorded,

@@ -18,6 +18,7 @@ import typer
 from typer.testing import CliRunner
 
 from analysis import RAW_VIEWS, VIEWS, DriftConfig, connect, drift_metrics, write_report
+from app import output
 from app.analysis_cli import BadParameters, NotReadOnly, check_read_only, register, run_query
 from schemas import (
     Action,
@@ -284,7 +285,7 @@ def cli():
     return lambda *args: CliRunner().invoke(app, [str(a) for a in args])
 
 
-def test_cli_sql_formats_and_a_wide_result_is_shown_whole_in_80_columns(cli, ledger):
+def test_cli_sql_formats_and_a_wide_result_is_shown_whole(cli, ledger):
     query = "SELECT trajectory_id, outcome FROM trajectories WHERE run_id = 'r1' ORDER BY 1"
     lines = cli("sql", query, "--format", "csv", "--ledger", ledger).output.splitlines()
     assert lines[0] == "trajectory_id,outcome" and len(lines) == 5 and lines[1].endswith(",success")
@@ -292,21 +293,28 @@ def test_cli_sql_formats_and_a_wide_result_is_shown_whole_in_80_columns(cli, led
     assert lines[:2] == ["| trajectory_id | outcome |", "|---|---|"] and len(lines) == 6
     narrow = cli("sql", query, "--ledger", ledger).output
     assert "┃ trajectory_id" in narrow  # fits: a table
-    wide = cli("sql", "SELECT *, repeat('x', 50) AS long_text FROM trajectories WHERE run_id = 'r1'", "--ledger",
-               ledger).output
-    assert "…" not in wide and "-[ record 4 ]" in wide  # too wide: one block per record, nothing cut
-    assert any(line.startswith("long_text") and line.endswith("x" * 50) for line in wide.splitlines())
+    wide_query = "SELECT *, repeat('x', 150) AS long_text FROM trajectories WHERE run_id = 'r1'"
+    wide = cli("sql", wide_query, "--ledger", ledger).output  # not a terminal: as wide as it needs
+    assert "…" not in wide and "x" * 150 in wide and "-[ record" not in wide
+    with output.console.capture() as captured:  # an 80-column terminal: one block per record, nothing cut
+        output.console.width, width = 80, output.console.width
+        try:
+            output.emit_rows(["a", "long_text"], [("1", "x" * 150)], output.Format.table)
+        finally:
+            output.console.width = width
+    lines = captured.get().splitlines()
+    assert "-[ record 1 ]" in lines[0] and lines[-1] == "long_text | " + "x" * 150
 
 
 def test_cli_sql_drift_and_report(cli, ledger, tmp_path):
-    res = cli("sql", "SELECT trajectory_id, outcome FROM trajectories WHERE run_id = 'r1' ORDER BY 1", "--json",
+    res = cli("sql", "SELECT trajectory_id, outcome FROM trajectories WHERE run_id = 'r1' ORDER BY 1", "--format", "json",
               "--ledger", ledger)
     assert res.exit_code == 0, res.output
     assert [r["outcome"] for r in json.loads(res.output)] == ["success", "failure", "failure", "env_error"]
     assert cli("sql", "SELECT * FROM steps", "--limit", "3", "--ledger", ledger).exit_code == 0
     res = cli("sql", f"COPY steps TO '{tmp_path / 'x.csv'}'", "--ledger", ledger)
     assert res.exit_code == 2 and "refused" in res.output and not (tmp_path / "x.csv").exists()
-    res = cli("drift", "r1", "--json", "--ledger", ledger)
+    res = cli("drift", "r1", "--format", "json", "--ledger", ledger)
     assert res.exit_code == 0, res.output
     assert math.isclose(json.loads(res.output)["generic_key_ratio"], 4 / 7)
     assert cli("drift", "r1", "--no-tokens", "--ledger", ledger).exit_code == 0
@@ -450,12 +458,12 @@ def test_lineage_lists_exactly_the_updates_recorded_for_a_version(tmp_path, cli)
     assert [u["update_step"] for u in lineage(con, run, 3).updates] == [0, 1, 2]
     with pytest.raises(KeyError, match="no published version 9"):
         lineage(con, run, 9)
-    res = cli("lineage", run, 2, "--json", "--ledger", tmp_path / "ledger")
+    res = cli("lineage", run, 2, "--format", "json", "--ledger", tmp_path / "ledger")
     assert res.exit_code == 0, res.output
     assert json.loads(res.output)["versions"] == [0, 1, 2]
     assert cli("lineage", run, 3, "--ledger", tmp_path / "ledger").exit_code == 0
     res = cli("lineage", run, 9, "--ledger", tmp_path / "ledger")
-    assert res.exit_code == 1 and "no published version 9" in res.output
+    assert res.exit_code == 2 and "no published version 9" in res.output
 
 
 def test_rebatch_judges_every_completed_group_by_the_trainers_filters(tmp_path, cli):
@@ -497,7 +505,7 @@ def test_rebatch_judges_every_completed_group_by_the_trainers_filters(tmp_path, 
     assert keep_all.admitted == ["a", "b", "c", "d", "e", "f"] and keep_all.staleness == {0: 4, 2: 1, 3: 1}
     assert keep_all.advantages[-2:] == [0.0, 0.0]  # an all-equal group teaches nothing
     assert rebatch(con, run, Admission(eta=3, filter="raft")).admitted == ["a", "b", "c", "d", "f"]
-    res = cli("rebatch", run, "--eta", 0, "--json", "--ledger", tmp_path / "ledger")
+    res = cli("rebatch", run, "--eta", 0, "--format", "json", "--ledger", tmp_path / "ledger")
     assert res.exit_code == 0, res.output
     assert json.loads(res.output)["admitted"] == ["a", "b"]
     res = cli("rebatch", run, "--png", tmp_path / "rb.png", "--ledger", tmp_path / "ledger")
@@ -524,10 +532,10 @@ def test_sql_params_are_bound_as_data_never_as_sql(con):
 
 def test_cli_sql_binds_params_and_explains_bad_ones(cli, ledger):
     query = "SELECT trajectory_id, num_steps FROM trajectories WHERE run_id = $run AND num_steps >= $n::INT ORDER BY 1"
-    res = cli("sql", query, "-p", "run=r1", "--param", "n=3", "--json", "--ledger", ledger)
+    res = cli("sql", query, "-p", "run=r1", "--param", "n=3", "--format", "json", "--ledger", ledger)
     assert res.exit_code == 0, res.output
     assert json.loads(res.output) == [{"trajectory_id": "B", "num_steps": 4}, {"trajectory_id": "C", "num_steps": 3}]
-    res = cli("sql", query, "-p", f"run={INJECTION}", "-p", "n=0", "--json", "--ledger", ledger)
+    res = cli("sql", query, "-p", f"run={INJECTION}", "-p", "n=0", "--format", "json", "--ledger", ledger)
     assert res.exit_code == 0 and json.loads(res.output) == []
     for bad, message in (("run", "name=value"), ("=r1", "name=value"), ("run=r1", "$n but no value")):
         res = cli("sql", query, "-p", bad, "--ledger", ledger)

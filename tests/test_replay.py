@@ -112,7 +112,7 @@ def test_replay_cli_writes_the_side_by_side_report(recorded, tmp_path):
     app = typer.Typer()
     register(app)
     env = settings.environ()
-    res = CliRunner().invoke(app, ["replay", run_id, "--variant", "per_trajectory", "--updates", "0..0", "--json",
+    res = CliRunner().invoke(app, ["replay", run_id, "--variant", "per_trajectory", "--updates", "0..0", "--format", "json",
                                    "--out", str(tmp_path)], env=env)
     assert res.exit_code == 0, res.output
     (batch,) = json.loads(res.stdout)

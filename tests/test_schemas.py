@@ -10,6 +10,7 @@ from schemas import (
     GroupDropped,
     PolicyVersionPublished,
     RankMemory,
+    RunStarted,
     TaskGroupDispatched,
     UpdateApplied,
     arrow_schema,
@@ -42,6 +43,8 @@ def one_of_each():
         EvaluationCompleted(run_id="run", stage="sft", eval_run_id="eval-1", policy_version=0, suite="sites",
                             split="heldout", difficulty="easy", episodes=100, successes=37, ci95_low=0.28,
                             ci95_high=0.47, train_s=120.0),
+        RunStarted(run_id="run", command="run", config_json='{"mode": "async"}', argv=["awrl", "run"],
+                   package_version="0.1.0", host="h"),
     ]
     return events
 

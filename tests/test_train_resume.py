@@ -80,7 +80,7 @@ def test_awrl_train_cli_trains_and_resumes(settings):
 
     def train(max_updates: int, nproc: int) -> None:
         cmd = [sys.executable, "-m", "app.cli", "train", "--run-id", run_id, "--groups-per-update", "1",
-               "--max-updates", str(max_updates), "--batch-timeout", "20", "--kl-coef", "0.1", "--nproc", str(nproc)]
+               "--max-updates", str(max_updates), "--batch-timeout-s", "20", "--kl-coef", "0.1", "--nproc", str(nproc)]
         out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
         assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
 

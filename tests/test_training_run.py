@@ -19,7 +19,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 def test_a_short_run_trains_and_reaches_the_ledger(settings, tmp_path, mode):
     settings = settings.model_copy(update={"ledger_uri": str(tmp_path / "ledger")})
     config = RunConfig(mode=mode, minutes=1.0, rollout=replace(RunConfig().rollout, policy="demo", noise=0.5),
-                       train=TrainConfig(run_id="-", groups_per_update=1, dynamic_sampling=False),
+                       train=TrainConfig(run_id="", groups_per_update=1, dynamic_sampling=False),
                        log_dir=tmp_path / "runs")
     seen = []
     summary = run_training(settings, config, on_progress=seen.append)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import json
 import os
 import re
 import shlex
@@ -304,13 +305,14 @@ def test_awrl_run_with_the_vllm_policy_trains_end_to_end(served, boxes_warm_star
     port = int(served.vllm_url.rsplit(":", 1)[1].split("/")[0])
     stop, running = threading.Event(), []
     threading.Thread(target=_max_running, args=(port, stop, running), daemon=True).start()
-    cmd = [sys.executable, "-m", "app.cli", "run", "--policy", "vllm", "--suite", "boxes", "--model-dir", str(sft),
-           "--minutes", "1.5", "--workers", "4", "-g", "4", "--groups-per-update", "2", "--data-dir", str(served.data_dir)]
+    cmd = [sys.executable, "-m", "app.cli", "run", "--rollout.policy", "vllm", "--rollout.suite", "boxes",
+           "--rollout.model-dir", str(sft), "--minutes", "1.5", "--rollout.workers", "4", "--rollout.group-size", "4",
+           "--train.groups-per-update", "2", "--data-dir", str(served.data_dir), "--format", "json"]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     stop.set()
     print(done.stdout[-2500:])
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    run_id = re.search(r"run (\S+)", done.stdout).group(1)
+    run_id = json.loads(done.stdout.splitlines()[-1])["run_id"]
     assert max(running, default=0) >= 2, "the workers' requests never shared the server's batch"
     LedgerWriter(settings).sync(idle_exit_s=3.0)
     published = read_events(settings, run_id, "PolicyVersionPublished", ["version", "checkpoint_uri"]).to_pylist()

@@ -38,6 +38,7 @@ from torch.distributed.device_mesh import init_device_mesh
 
 from model.inputs import suppressed_token_ids
 from model.tiny_vlm import ensure_tiny_vlm, load_tiny_vlm, save_tiny_vlm
+from pipeline import health
 from pipeline.bus import EventProducer, create_topics, read_log
 from pipeline.checkpoints import CheckpointStore
 from pipeline.hashing import weights_sha256
@@ -218,6 +219,7 @@ def _train_batch(t: _Trainer, batch: list, wait_s: float) -> list[UpdateApplied]
                 wait_s=first_wait, compute_s=compute_s, world_size=t.world, memory=memories,
             ))
         t.update_step += 1
+        health.beat()  # a long update polls nothing, yet the trainer is alive
         if last:
             break
     return updates

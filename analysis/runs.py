@@ -1,0 +1,29 @@
+"""The runs of a ledger (the `runs` view), and the one check every per-run verb makes first."""
+
+from __future__ import annotations
+
+import json
+
+import duckdb
+
+
+class UnknownRun(LookupError):
+    """A run id with no event in the ledger (mistyped, or not yet synced)."""
+
+    def __init__(self, run_id: str, known: list[str]):
+        hint = f"; recent runs: {', '.join(known)}" if known else "; the ledger has no runs yet (`awrl ledger sync`?)"
+        super().__init__(f"no run {run_id!r} in the ledger{hint} (`awrl runs` lists them)")
+
+
+def require_run(con: duckdb.DuckDBPyConnection, run_id: str) -> None:
+    """Raise `UnknownRun` unless the ledger holds events of `run_id`."""
+    if con.execute("SELECT count(*) FROM runs WHERE run_id = $r", {"r": run_id}).fetchone()[0] == 0:
+        recent = con.execute("SELECT run_id FROM runs ORDER BY started_at DESC LIMIT 5").fetchall()
+        raise UnknownRun(run_id, [r for (r,) in recent])
+
+
+def run_config(con: duckdb.DuckDBPyConnection, run_id: str) -> tuple[str, dict] | None:
+    """(command, resolved config) of the run's first `RunStarted`; None for a run that recorded none."""
+    require_run(con, run_id)
+    row = con.execute("SELECT command, config_json FROM runs WHERE run_id = $r", {"r": run_id}).fetchone()
+    return None if row[0] is None else (row[0], json.loads(row[1]))

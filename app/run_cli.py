@@ -1,0 +1,212 @@
+"""`awrl demo | run | train | rollout | sft | eval`: the verbs that run something.
+
+`demo`, `run` and `train` take their flags from their config objects (`app.configs`: every field is a
+flag, `--config FILE|NAME` loads a whole config first); they pass their raw arguments to tyro, so
+their `--help` is tyro's. `rollout`, `sft` and `eval` are small typer verbs over a few options.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import typer
+
+from app.output import FORMAT, Format, console, emit_record, fail, human
+from schemas.observation import Difficulty, PolicyName, Split, SuiteName
+
+RAW = {"context_settings": {"ignore_unknown_options": True, "allow_extra_args": True, "help_option_names": []},
+       "add_help_option": False}
+"""Typer hands every argument to the verb, which parses them with tyro (`app.configs.parse`)."""
+
+DEMO_HELP = ("The main job on the local stack: demonstrations -> SFT -> async RL -> ledger -> drift -> "
+             "Dagster, with held-out success before and after.")
+RUN_HELP = ("A training run: the stack (started if needed), the rollout pool, the ledger writer and the "
+            "torchrun trainer, with live progress.")
+TRAIN_HELP = ("Train on a live run's events with torchrun (FSDP2 over --nproc ranks); publish every version "
+              "as an event + S3 checkpoint.")
+
+
+def commands() -> dict[str, tuple[type, str]]:
+    """The config-derived verbs: name -> (command class, description). Imported on use (torch)."""
+    from app.configs import DemoCommand, RunCommand, TrainCommand
+
+    return {"demo": (DemoCommand, DEMO_HELP), "run": (RunCommand, RUN_HELP), "train": (TrainCommand, TRAIN_HELP)}
+
+
+def _parse(verb: str, args: list[str]):
+    from app.configs import parse
+
+    command, description = commands()[verb]
+    return parse(command, args, f"awrl {verb}", description)
+
+
+def demo(ctx: typer.Context) -> None:
+    from app.demo import run_demo
+    from app.stacks import find_or_start
+
+    cmd = _parse("demo", ctx.args)
+    settings, stack, started = find_or_start(cmd.data_dir, console.status)
+    try:
+        summary = run_demo(settings, cmd.learning, say=console.print)
+    finally:
+        if started and not cmd.keep:
+            stack.down()
+    emit_record(vars(summary), cmd.format, title=f"demo run {summary.run_id}")
+    if cmd.format is Format.table:
+        console.print(f"next: [bold]dagster dev[/] (the run is partition {summary.run_id}), "
+                      f"[bold]awrl runs[/], [bold]awrl drift {summary.run_id}[/], "
+                      f"[bold]awrl replay {summary.run_id}[/], [bold]awrl stack down[/] when done")
+    if summary.events_in_ledger == 0:
+        raise fail("the run did not reach the ledger", 1)
+
+
+def run(ctx: typer.Context) -> None:
+    from rich.live import Live
+
+    from app.stacks import find_or_start
+    from app.training import run_training
+
+    cmd = _parse("run", ctx.args)
+    config = cmd.run
+    settings, _, _ = find_or_start(cmd.data_dir, console.status)
+    with Live(console=console, refresh_per_second=2, transient=cmd.format is not Format.table) as live:
+        def show(p) -> None:
+            elapsed = time.monotonic() - p.started
+            live.update(f"[bold]{config.mode}[/] {elapsed / 60:4.1f}/{config.minutes:g} min  trajectories "
+                        f"{p.episodes:,}  success {p.successes / max(p.episodes, 1):.2f}  policy v{p.version}  "
+                        f"staleness {p.staleness:.2f}  dropped {p.dropped}  trainer idle {p.trainer_idle:.0%}")
+
+        summary = run_training(settings, config, on_progress=show)
+    emit_record({**vars(summary), "trajectories_per_hour": summary.trajectories_per_hour}, cmd.format,
+                title=f"run {summary.run_id}")
+
+
+def train(ctx: typer.Context) -> None:
+    from app.training import record_start
+    from pipeline.bus import EventProducer
+    from pipeline.settings import StackSettings
+    from trainer.launch import launch
+
+    cmd = _parse("train", ctx.args)
+    if not cmd.train.run_id:
+        raise fail("--run-id is required (or AWRL_RUN_ID): the run whose groups to train on")
+    settings = StackSettings()
+    producer = EventProducer(settings, client_id="train")
+    try:
+        record_start(producer, cmd.train.run_id, "train", cmd.train)
+    finally:
+        producer.close()
+    raise typer.Exit(launch(cmd.train, cmd.nproc))
+
+
+def rollout(
+    suite: SuiteName = typer.Option("sites", help="Task suite: sites (our multi-page sites), miniwob or boxes."),
+    policy: PolicyName = typer.Option("oracle", help="Policy backend: oracle, random, local, vllm, demo (oracle "
+                                              "actions as the local model's tokens)."),
+    noise: float = typer.Option(0.0, help="demo policy: probability of a random action per step."),
+    workers: int = typer.Option(4, help="Browsers kept alive in this process."),
+    group_size: int = typer.Option(4, "--group-size", "-g", help="Episodes per task group (GRPO's G)."),
+    episodes: int = typer.Option(16, help="Stop after this many episodes (whole groups)."),
+    forever: bool = typer.Option(False, help="Run until interrupted (overrides --episodes)."),
+    dispatch: bool = typer.Option(True, help="Also dispatch task groups (off when a dispatcher runs elsewhere)."),
+    som: bool = typer.Option(False, help="Set-of-Mark observations instead of pure pixels."),
+    split: Split = typer.Option("train", help="Task split to dispatch."),
+    difficulty: Difficulty | None = typer.Option(None, help="Dispatch only tasks of this difficulty."),
+    run_id: str = typer.Option("", envvar="AWRL_RUN_ID", help="Run id (default: a new one)."),
+    model_dir: Path = typer.Option(None, help="HF model directory: --policy local's weights; with --policy vllm, "
+                                              "reloaded into the server as version 0."),
+    vllm_url: str = typer.Option(None, help="OpenAI-compatible vLLM server for --policy vllm."),
+    eta: int = typer.Option(None, help="Staleness bound: dispatch only what a trainer with this eta can use."),
+    groups_per_update: int = typer.Option(4, help="The trainer's groups per update (with --eta)."),
+    seed: int = typer.Option(0),
+    journal: Path = typer.Option(Path(".awrl/rollout-journal"), envvar="AWRL_ROLLOUT_JOURNAL",
+                                 help="Open-episode journals of this host's pools (a killed pool's episodes "
+                                      "are ended as env_error by the next pool)."),
+    format: Format = FORMAT,  # noqa: A002 - the option's name
+) -> None:
+    """Drive real browsers through a task suite with a policy; every step goes to the event log."""
+    from pipeline.settings import StackSettings
+    from rollout.episode import EpisodeConfig
+    from rollout.run import RolloutRequest, run_rollout
+    from trainer.staleness import StalenessBudget
+
+    _require_model_dir(model_dir)
+    req = RolloutRequest(suite=suite, policy=policy, workers=workers, group_size=group_size,
+                         episodes=None if forever else episodes, dispatch=dispatch, split=split,
+                         difficulty=difficulty, run_id=run_id, seed=seed, model_dir=model_dir, vllm_url=vllm_url,
+                         episode=EpisodeConfig(som=som), noise=noise, journal_dir=journal)
+    budget = None if eta is None else StalenessBudget(eta, groups_per_update)
+    stats = run_rollout(StackSettings(), req, admission=budget)
+    emit_record({"episodes": stats.episodes, "success": stats.successes / max(stats.episodes, 1),
+                 "env_errors": stats.env_errors, "steps": stats.steps, "steps_per_s": stats.steps_per_s}, format)
+
+
+def sft(
+    run_id: list[str] = typer.Option(..., "--run-id", help="Demonstration run(s) in the ledger (repeatable)."),
+    out: Path = typer.Option(Path(".awrl/models/sft"), help="Where the warm-started model directory goes."),
+    model_dir: Path = typer.Option(None, help="Initial model (default: the tiny VLM)."),
+    epochs: int = typer.Option(3),
+    lr: float = typer.Option(1e-3),
+    batch_steps: int = typer.Option(16, help="Demonstration steps per optimizer step."),
+    format: Format = FORMAT,  # noqa: A002 - the option's name
+) -> None:
+    """Behaviour cloning of the policy on the successful trajectories of demonstration runs."""
+    from rich.progress import Progress
+
+    from analysis import connect
+    from analysis.runs import require_run
+    from pipeline.settings import StackSettings
+    from trainer.sft import SFTConfig, train_sft
+
+    _require_model_dir(model_dir)
+    settings = StackSettings()
+    con = connect(settings)
+    for run in run_id:
+        require_run(con, run)
+    config = SFTConfig(run_ids=run_id, out_dir=out, model_dir=model_dir, epochs=epochs, lr=lr, batch_steps=batch_steps)
+    with Progress(console=console, transient=True) as progress:
+        task = progress.add_task("sft", total=None)
+        result = train_sft(settings, config, on_step=lambda i, n, loss: progress.update(
+            task, completed=i, total=n, description=f"sft  loss {loss:.3f}"))
+    emit_record({"demonstration_steps": result.demonstrations, "loss_first": result.losses[0],
+                 "loss_last": result.losses[-1], "model_dir": str(result.out_dir)}, format)
+
+
+def evaluate(
+    policy: PolicyName = typer.Option("local", help="Policy backend (see rollout)."),
+    model_dir: Path = typer.Option(None, help="HF model directory for --policy local."),
+    suite: SuiteName = typer.Option("sites"),
+    split: Split = typer.Option("heldout"),
+    difficulty: Difficulty | None = typer.Option("easy"),
+    episodes: int = typer.Option(100),
+    workers: int = typer.Option(2),
+    som: bool = typer.Option(True, help="Set-of-Mark observations."),
+    temperature: float = typer.Option(1.0, help="Sampling temperature (independent episodes need > 0)."),
+    format: Format = FORMAT,  # noqa: A002 - the option's name
+) -> None:
+    """Held-out success rate with a 95% (Wilson) confidence interval."""
+    from pipeline.settings import StackSettings
+    from rollout.evaluate import evaluate as run_eval
+
+    _require_model_dir(model_dir)
+    result = run_eval(StackSettings(), policy, model_dir, suite, split, difficulty, episodes, workers, som, temperature)
+    low, high = result.ci95
+    emit_record({"run_id": result.run_id, "episodes": result.episodes, "successes": result.successes,
+                 "success": result.rate, "ci95_low": low, "ci95_high": high}, format,
+                title=f"{result.run_id}: success {human(result.rate)} [{human(low)}, {human(high)}]")
+
+
+def _require_model_dir(model_dir: Path | None) -> None:
+    if model_dir is not None and not (model_dir / "config.json").is_file():
+        raise fail(f"--model-dir {model_dir}: not an HF model directory (no config.json)")
+
+
+def register(app: typer.Typer) -> None:
+    """Add the verbs that run something to the main `awrl` CLI."""
+    app.command("demo", help=DEMO_HELP + " Flags: `awrl demo --help`.", **RAW)(demo)
+    app.command("run", help=RUN_HELP + " Flags: `awrl run --help`.", **RAW)(run)
+    app.command("train", help=TRAIN_HELP + " Flags: `awrl train --help`.", **RAW)(train)
+    app.command("rollout")(rollout)
+    app.command("sft")(sft)
+    app.command("eval")(evaluate)
