@@ -277,7 +277,8 @@ def replay(
     except (KeyError, ValueError) as exc:
         raise fail(" ".join(str(exc).split())) from None
     connect_ledger(ledger, run_id).close()
-    with Progress(console=console, transient=True, disable=format is not Format.table) as progress:
+    with Progress(console=console, transient=True,
+                  disable=format is not Format.table or not console.is_terminal) as progress:
         task = progress.add_task("replaying", total=None)
         results = run(_settings(ledger), run_id, overrides or None, selection,
                       on_batch=lambda i, n, _: progress.update(task, completed=i, total=n))
@@ -293,10 +294,11 @@ def replay(
     elif format is Format.markdown:
         print(path.read_text(), end="")
     else:
-        rows = [[s.update_step, "yes" if b.exact else "NO", u.loss, s.loss, u.grad_norm, s.grad_norm,
-                 None if b.kl is None else b.kl] for b in results for s, u in zip(b.same, b.recorded)]
-        emit_rows(["update", "exact", "loss_recorded", "loss_replayed", "grad_norm_recorded", "grad_norm_replayed",
-                   "kl_variant"], rows, format)
+        rows = [[s.update_step, "yes" if b.exact else "NO", u.loss, s.loss, v and v.loss, u.grad_norm, s.grad_norm,
+                 v and v.grad_norm, b.kl]
+                for b in results for s, u, v in zip(b.same, b.recorded, b.variant or [None] * len(b.same))]
+        emit_rows(["update", "exact", "loss_recorded", "loss_replayed", "loss_variant", "grad_norm_recorded",
+                   "grad_norm_replayed", "grad_norm_variant", "kl_recorded_variant"], rows, format)
         if format is Format.table:
             console.print(f"report: {path} (and replay.png beside it)")
     inexact = sum(not b.exact for b in results)

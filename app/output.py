@@ -1,7 +1,8 @@
 """How every verb prints: one console, one `--format` option, one way to round for people.
 
 - `table` (the default) is for people: numbers rounded, rich tables. When stdout is not a terminal
-  the console is as wide as the text, so nothing is wrapped mid-field (rich would wrap at 80).
+  the console is as wide as the text, so nothing is wrapped or cut mid-field (progress bars, which
+  would be, are shown on terminals only).
 - `json`, `csv` and `markdown` are for programs and documents: written with plain `print`, never
   wrapped, truncated, coloured or rounded.
 - Errors go to stderr as one line (`fail`), with the exit codes of `app.cli`'s docstring.
@@ -25,7 +26,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-console = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 1 << 16, highlight=False)
+# rich lays out for 80 columns when it cannot ask a terminal, which wraps a table or cuts a line
+# mid-field in a log; these consoles print only tables and lines (no panels), so as wide as the text.
+console = Console(soft_wrap=True, highlight=False, width=None if sys.stdout.isatty() else 1 << 16)
 errors = Console(stderr=True, soft_wrap=True, highlight=False, width=None if sys.stderr.isatty() else 1 << 16)
 
 USAGE = 2
@@ -73,6 +76,8 @@ def human(value) -> str:
     """A value rounded for people: 2,873 rather than 2872.737, 0.123 rather than 0.12345678."""
     if value is None:
         return "-"
+    if isinstance(value, datetime):
+        return value.isoformat(sep=" ", timespec="seconds")
     if isinstance(value, bool) or not isinstance(value, int | float):
         return str(value)
     if isinstance(value, int):
@@ -97,8 +102,8 @@ def emit_rows(columns: list[str], rows: Iterable[Iterable], fmt: Format, title: 
         emit_json([dict(zip(columns, r)) for r in rows])
         return
     if fmt is Format.table:
-        _table(columns, [[human(v) if v is None or isinstance(v, float | int) else str(v) for v in r] for r in rows],
-               title)
+        _table(columns, [[human(v) if v is None or isinstance(v, float | int | datetime) else str(v) for v in r]
+                         for r in rows], title)
         return
     cells = [["" if v is None else _text(v) for v in r] for r in rows]
     if fmt is Format.csv:

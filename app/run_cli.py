@@ -165,7 +165,7 @@ def sft(
     for run in run_id:
         require_run(con, run)
     config = SFTConfig(run_ids=run_id, out_dir=out, model_dir=model_dir, epochs=epochs, lr=lr, batch_steps=batch_steps)
-    with Progress(console=console, transient=True) as progress:
+    with Progress(console=console, transient=True, disable=not console.is_terminal) as progress:
         task = progress.add_task("sft", total=None)
         result = train_sft(settings, config, on_step=lambda i, n, loss: progress.update(
             task, completed=i, total=n, description=f"sft  loss {loss:.3f}"))

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import get_args
 
+from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from pipeline.bus import EventProducer, follow
@@ -203,8 +204,11 @@ def _dispatch_loop(settings, pool: RolloutPool, run_id, tasks, req: RolloutReque
 
 
 class _progress:
+    """A live progress bar, on a terminal only: in a log, rich would print its last frame cut to 80
+    columns (the caller reports the finished pool's figures itself)."""
+
     def __init__(self, enabled: bool):
-        self.enabled = enabled
+        self.enabled = enabled and Console().is_terminal
 
     def __enter__(self):
         if not self.enabled:
