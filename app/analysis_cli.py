@@ -88,9 +88,7 @@ def connect_ledger(ledger: str | None, run_id: str | None = None) -> duckdb.Duck
     from analysis.runs import require_run
     from pipeline.settings import StackSettings
 
-    settings = StackSettings()
-    if ledger:
-        settings = settings.model_copy(update={"ledger_uri": ledger})
+    settings = StackSettings().with_ledger(ledger)
     try:
         con = connect(settings, read_only=True)
     except OSError as exc:  # pyarrow's S3 or local filesystem: unreachable, refused, no such bucket
@@ -258,6 +256,7 @@ def replay(
 
     from analysis.replay import VARIANTS, with_overrides, write_report
     from analysis.replay import replay as run
+    from pipeline.settings import StackSettings
     from trainer.config import TrainConfig
 
     if variant and variant not in VARIANTS:
@@ -280,7 +279,7 @@ def replay(
     with Progress(console=console, transient=True,
                   disable=format is not Format.table or not console.is_terminal) as progress:
         task = progress.add_task("replaying", total=None)
-        results = run(_settings(ledger), run_id, overrides or None, selection,
+        results = run(StackSettings().with_ledger(ledger), run_id, overrides or None, selection,
                       on_batch=lambda i, n, _: progress.update(task, completed=i, total=n))
     if not results:
         raise fail(f"run {run_id!r} has no recorded updates" + (f" in {updates}" if updates else ""))
@@ -315,13 +314,6 @@ def _update_range(text: str) -> range:
     if last < first:
         raise fail(f"--updates {text}: the range is empty")
     return range(first, last + 1)
-
-
-def _settings(ledger: str | None):
-    from pipeline.settings import StackSettings
-
-    settings = StackSettings()
-    return settings.model_copy(update={"ledger_uri": ledger}) if ledger else settings
 
 
 def register(app: typer.Typer) -> None:

@@ -8,7 +8,7 @@ import typer
 from rich.table import Table
 
 from app.output import FORMAT, NO, Format, console, emit_rows, fail
-from pipeline.settings import stack_dir
+from pipeline.settings import StackSettings, stack_dir
 
 stack_app = typer.Typer(help="The embedded local stack: Kafka-protocol broker + S3 store on 127.0.0.1.",
                         no_args_is_help=True)
@@ -95,7 +95,7 @@ def ledger_sync(
     N times: they share the partitions as one consumer group, and take over a dead one's."""
     from pipeline.ledger import LedgerWriter
 
-    settings = _settings(ledger_uri)
+    settings = StackSettings().with_ledger(ledger_uri)
     writer = LedgerWriter(settings)
     with console.status(f"writing {settings.ledger_uri} ...") as status:
         stats = writer.sync(follow=follow, on_flush=lambda s: status.update(
@@ -114,7 +114,7 @@ def ledger_compact(
     safe while writers and queries run."""
     from pipeline.ledger import compact_ledger
 
-    settings = _settings(ledger_uri)
+    settings = StackSettings().with_ledger(ledger_uri)
     for run in run_id:
         with console.status(f"compacting {run} ..."):
             results = compact_ledger(settings, run)
@@ -141,13 +141,6 @@ def health(
     if seconds > max_age:
         raise fail(f"heartbeat {seconds:.0f} s old (limit {max_age:g} s): the service's main loop has stopped", NO)
     console.print(f"healthy: heartbeat {seconds:.0f} s old")
-
-
-def _settings(ledger_uri: str | None):
-    from pipeline.settings import StackSettings
-
-    settings = StackSettings()
-    return settings.model_copy(update={"ledger_uri": ledger_uri}) if ledger_uri else settings
 
 
 def register(app: typer.Typer) -> None:

@@ -67,6 +67,10 @@ class StackSettings(BaseSettings):
     vllm_model: str = "policy"
     """The model name that server serves (its `--served-model-name`)."""
 
+    def with_ledger(self, ledger_uri: str | None) -> StackSettings:
+        """These settings with another ledger root (a `--ledger` option), or unchanged for None."""
+        return self.model_copy(update={"ledger_uri": ledger_uri}) if ledger_uri else self
+
     def s3_credentials(self) -> tuple[str, str]:
         if self.s3_access_key is None or self.s3_secret_key is None:
             raise MissingSettings(
