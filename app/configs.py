@@ -90,7 +90,7 @@ def parse(command: type[T], args: Sequence[str], prog: str, description: str) ->
     default = command()
     if source is not None:
         field = WRAPPED[command]
-        default = replace(default, **{field: load(type(getattr(default, field)), source)})
+        default = replace(default, **{field: load(getattr(default, field), source)})
     stderr = io.StringIO()
     try:
         with contextlib.redirect_stderr(stderr):
@@ -119,9 +119,10 @@ def _pop_config(args: list[str]) -> tuple[list[str], str | None]:
     return args, None
 
 
-def load(config_type: type[T], source: str) -> T:
-    """A config from a preset name or a YAML file; keys it does not name keep their defaults."""
-    presets = PRESETS.get(config_type, {})
+def load(base: T, source: str) -> T:
+    """A config from a preset name, or a YAML file over `base` (the verb's defaults: keys the file does
+    not name keep them)."""
+    presets = PRESETS.get(type(base), {})
     if source in presets:
         return presets[source]()
     path = Path(source)
@@ -135,17 +136,16 @@ def load(config_type: type[T], source: str) -> T:
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping of config fields, got {type(data).__name__}")
     try:
-        return from_dict(config_type, data)
+        return from_dict(base, data)
     except pydantic.ValidationError as exc:
         raise ConfigError(f"{path}: {_one_line(exc)}") from None
     except ValueError as exc:
         raise ConfigError(f"{path}: {exc}") from None
 
 
-def from_dict(config_type: type[T], data: dict) -> T:
-    """Validate `data` over the config's defaults (so a file may name only what differs)."""
-    defaults = to_dict(config_type()) if config_type is not TrainConfig else to_dict(TrainConfig(run_id=""))
-    return pydantic.TypeAdapter(config_type).validate_python(_merge(defaults, data))
+def from_dict(base: T, data: dict) -> T:
+    """`base` with the fields `data` names replaced, validated as a whole."""
+    return pydantic.TypeAdapter(type(base)).validate_python(_merge(to_dict(base), data))
 
 
 def to_dict(config) -> dict:
