@@ -171,6 +171,7 @@ def run_training(settings: StackSettings, config: RunConfig, on_progress=None, r
     """Run the schedule for `config.minutes`; `on_progress(progress)` is called about once a second.
     `record`: publish the resolved config as this run's `RunStarted` (the learning loop records its own)."""
     run_id = config.run_id or f"{config.mode}-{uuid.uuid4().hex[:8]}"
+    recorded = replace(config, run_id=run_id)  # as launched: a model_dir of None means "the tiny VLM", anywhere
     logs = config.log_dir / run_id
     logs.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, **settings.environ()}
@@ -182,7 +183,7 @@ def run_training(settings: StackSettings, config: RunConfig, on_progress=None, r
     progress, stop = RunProgress(), threading.Event()
     producer = EventProducer(settings, client_id="run")
     if record:
-        record_start(producer, run_id, "run", config)
+        record_start(producer, run_id, "run", recorded)
     watcher = threading.Thread(target=follow, args=(settings, TRAINER, run_id, progress.on_trainer_event, stop, producer),
                                daemon=True)
     watcher.start()
