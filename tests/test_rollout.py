@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import threading
@@ -203,10 +204,10 @@ def test_rollout_cli_smoke(settings):
     import sys
 
     out = subprocess.run([sys.executable, "-m", "app.cli", "rollout", "--suite", "miniwob", "--policy", "oracle",
-                          "--workers", "2", "-g", "2", "--episodes", "4", "--som"],
+                          "--workers", "2", "-g", "2", "--episodes", "4", "--som", "--format", "json"],
                          env=stack_env(settings), capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
-    assert "episodes 4" in out.stdout
+    assert json.loads(out.stdout)["episodes"] == 4
 
 
 def test_local_tiny_vlm_runs_whole_episodes_with_logprobs(settings, sites, tmp_path):
