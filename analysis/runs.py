@@ -17,13 +17,18 @@ class UnknownRun(LookupError):
 
 def require_run(con: duckdb.DuckDBPyConnection, run_id: str) -> None:
     """Raise `UnknownRun` unless the ledger holds events of `run_id`."""
-    if con.execute("SELECT count(*) FROM runs WHERE run_id = $r", {"r": run_id}).fetchone()[0] == 0:
-        recent = con.execute("SELECT run_id FROM runs ORDER BY started_at DESC LIMIT 5").fetchall()
-        raise UnknownRun(run_id, [r for (r,) in recent])
+    _run_row(con, run_id, "run_id")
 
 
 def run_config(con: duckdb.DuckDBPyConnection, run_id: str) -> tuple[str, dict] | None:
     """(command, resolved config) of the run's first `RunStarted`; None for a run that recorded none."""
-    require_run(con, run_id)
-    row = con.execute("SELECT command, config_json FROM runs WHERE run_id = $r", {"r": run_id}).fetchone()
-    return None if row[0] is None else (row[0], json.loads(row[1]))
+    command, config_json = _run_row(con, run_id, "command, config_json")
+    return None if command is None else (command, json.loads(config_json))
+
+
+def _run_row(con: duckdb.DuckDBPyConnection, run_id: str, columns: str) -> tuple:
+    row = con.execute(f"SELECT {columns} FROM runs WHERE run_id = $r", {"r": run_id}).fetchone()
+    if row is None:
+        recent = con.execute("SELECT run_id FROM runs ORDER BY started_at DESC LIMIT 5").fetchall()
+        raise UnknownRun(run_id, [r for (r,) in recent])
+    return row

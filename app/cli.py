@@ -14,6 +14,8 @@ Each verb imports its machinery (torch, Playwright, Dagster, the stack) inside i
 
 from __future__ import annotations
 
+import contextlib
+import io
 import sys
 from importlib import metadata
 
@@ -22,7 +24,7 @@ import typer.core
 from rich.markup import escape
 
 from app import analysis_cli, run_cli, runs_cli, stack_cli
-from app.errors import user_error
+from app.errors import ConfigError, user_error
 from app.output import errors
 
 app = typer.Typer(help="AsyncWebRL: event-sourced asynchronous multi-step RL for visual web agents.",
@@ -87,7 +89,7 @@ def check_args(argv: list[str]) -> str | None:
             parent = command.make_context(name, args[:verb + 1], parent=parent, resilient_parsing=False)
             name, command, args = f"{name} {args[verb]}", command.commands[args[verb]], args[verb + 1:]
         ctx = command.make_context(name, args, parent=parent, resilient_parsing=False)
-        if command.name in run_cli.commands():
+        if command.name in run_cli.CONFIG_VERBS:
             return _check_config_verb(command.name, ctx.args)
     except typer.Exit:
         return None
@@ -97,18 +99,13 @@ def check_args(argv: list[str]) -> str | None:
 
 
 def _check_config_verb(verb: str, args: list[str]) -> str | None:
-    import contextlib
-    import io
-
-    stderr = io.StringIO()
     try:
-        with contextlib.redirect_stderr(stderr), contextlib.redirect_stdout(io.StringIO()):
-            run_cli._parse(verb, args)
-    except SystemExit as exc:
-        return None if exc.code == 0 else " ".join(stderr.getvalue().split()) or f"exit {exc.code}"
-    except Exception as exc:  # noqa: BLE001 - a ConfigError, told as the CLI would
-        known = user_error(exc)
-        return known[0] if known else repr(exc)
+        with contextlib.redirect_stdout(io.StringIO()):  # a --help in the arguments prints, then exits 0
+            run_cli.parse_args(verb, args)
+    except SystemExit:
+        return None
+    except ConfigError as exc:  # tyro's usage errors too (`app.configs.parse`)
+        return str(exc)
     return None
 
 

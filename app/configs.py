@@ -78,6 +78,8 @@ PRESETS: dict[type, dict[str, Callable[[], Any]]] = {
 """`--config NAME`: the configurations the project studies, by name (bench/RESULTS.md uses them).
 `controlled` is the controlled learning test (tests/test_learning.py); with
 `--train.control shuffled_rewards` it is its negative control."""
+COMMANDS: dict[str, type] = {"demo": DemoCommand, "run": RunCommand, "train": TrainCommand}
+"""The command object of each config-derived verb (`app.run_cli.CONFIG_VERBS`)."""
 WRAPPED = {TrainCommand: "train", RunCommand: "run", DemoCommand: "learning"}
 """Each command's field holding the config that `--config` loads and `RunStarted` records."""
 

@@ -19,33 +19,29 @@ RAW = {"context_settings": {"ignore_unknown_options": True, "allow_extra_args": 
        "add_help_option": False}
 """Typer hands every argument to the verb, which parses them with tyro (`app.configs.parse`)."""
 
-DEMO_HELP = ("The main job on the local stack: demonstrations -> SFT -> async RL -> ledger -> drift -> "
-             "Dagster, with held-out success before and after.")
-RUN_HELP = ("A training run: the stack (started if needed), the rollout pool, the ledger writer and the "
-            "torchrun trainer, with live progress.")
-TRAIN_HELP = ("Train on a live run's events with torchrun (FSDP2 over --nproc ranks); publish every version "
-              "as an event + S3 checkpoint.")
+CONFIG_VERBS: dict[str, str] = {
+    "demo": ("The main job on the local stack: demonstrations -> SFT -> async RL -> ledger -> drift -> Dagster, "
+             "with held-out success before and after."),
+    "run": ("A training run: the stack (started if needed), the rollout pool, the ledger writer and the "
+            "torchrun trainer, with live progress."),
+    "train": ("Train on a live run's events with torchrun (FSDP2 over --nproc ranks); publish every version as "
+              "an event + S3 checkpoint."),
+}
+"""The verbs whose flags come from their config objects (`app.configs.COMMANDS`), with their help."""
 
 
-def commands() -> dict[str, tuple[type, str]]:
-    """The config-derived verbs: name -> (command class, description). Imported on use (torch)."""
-    from app.configs import DemoCommand, RunCommand, TrainCommand
+def parse_args(verb: str, args: list[str]):
+    """The command object of a config-derived verb (`app.configs.parse`; imports torch on use)."""
+    from app.configs import COMMANDS, parse
 
-    return {"demo": (DemoCommand, DEMO_HELP), "run": (RunCommand, RUN_HELP), "train": (TrainCommand, TRAIN_HELP)}
-
-
-def _parse(verb: str, args: list[str]):
-    from app.configs import parse
-
-    command, description = commands()[verb]
-    return parse(command, args, f"awrl {verb}", description)
+    return parse(COMMANDS[verb], args, f"awrl {verb}", CONFIG_VERBS[verb])
 
 
 def demo(ctx: typer.Context) -> None:
     from app.demo import run_demo
     from app.stacks import find_or_start
 
-    cmd = _parse("demo", ctx.args)
+    cmd = parse_args("demo", ctx.args)
     settings, stack, started = find_or_start(cmd.data_dir, console.status)
     try:
         summary = run_demo(settings, cmd.learning, say=console.print)
@@ -67,7 +63,7 @@ def run(ctx: typer.Context) -> None:
     from app.stacks import find_or_start
     from app.training import run_training
 
-    cmd = _parse("run", ctx.args)
+    cmd = parse_args("run", ctx.args)
     config = cmd.run
     settings, _, _ = find_or_start(cmd.data_dir, console.status)
     with Live(console=console, refresh_per_second=2, transient=cmd.format is not Format.table) as live:
@@ -88,7 +84,7 @@ def train(ctx: typer.Context) -> None:
     from pipeline.settings import StackSettings
     from trainer.launch import launch
 
-    cmd = _parse("train", ctx.args)
+    cmd = parse_args("train", ctx.args)
     if not cmd.train.run_id:
         raise fail("--run-id is required (or AWRL_RUN_ID): the run whose groups to train on")
     settings = StackSettings()
@@ -204,9 +200,8 @@ def _require_model_dir(model_dir: Path | None) -> None:
 
 def register(app: typer.Typer) -> None:
     """Add the verbs that run something to the main `awrl` CLI."""
-    app.command("demo", help=DEMO_HELP + " Flags: `awrl demo --help`.", **RAW)(demo)
-    app.command("run", help=RUN_HELP + " Flags: `awrl run --help`.", **RAW)(run)
-    app.command("train", help=TRAIN_HELP + " Flags: `awrl train --help`.", **RAW)(train)
+    for verb, function in (("demo", demo), ("run", run), ("train", train)):
+        app.command(verb, help=f"{CONFIG_VERBS[verb]} Flags: `awrl {verb} --help`.", **RAW)(function)
     app.command("rollout")(rollout)
     app.command("sft")(sft)
     app.command("eval")(evaluate)
