@@ -18,7 +18,8 @@ import torch
 from PIL import Image, ImageDraw
 from transformers import AutoTokenizer
 
-from model.inputs import build_inputs, suppressed_token_ids
+from model.inputs import build_inputs, forward_logprobs, inputs_from_ids, suppressed_token_ids
+from model.sampling import Sampling, sample_batch
 from model.prompt import CHAT_TEMPLATE, PromptConfig, build_messages, render_chat, render_prompt
 from model.tiny_vlm import build_tiny_vlm, load_tiny_vlm, save_tiny_vlm, train_tokenizer
 from rollout.policy.local import LocalPolicy
@@ -123,6 +124,67 @@ def test_logprobs_match_teacher_forcing_and_latency(policy):
     print(f"max |logprob - teacher forced| = {mismatch:.2e}")
     assert mismatch < 1e-4
     assert seconds < 10, "a 48-token step should take ~1s on an idle 2-core CPU; 10s allows for a busy one"
+
+
+PARITY_MAX, PARITY_MEAN = 1e-3, 1e-4
+"""The bound the vLLM tests hold sampled log-probs to (tests/test_vllm_live.py)."""
+
+
+def _rows(policy):
+    """Four prompts of different lengths: no history to three steps, with and without marks, 1 or 2 images."""
+    observations = [_obs(history=0), _obs(som=False, history=3), _obs(screenshots=2, history=1), _obs(history=2)]
+    prompts = [render_prompt(o) for o in observations]
+    rows = [build_inputs(policy.tokenizer, text, images, policy.image_processor) for text, images in prompts]
+    assert len({r["input_ids"].shape[1] for r in rows}) == len(rows)
+    return prompts, rows
+
+
+def _assert_close(a: list[float], b: list[float]) -> None:
+    gaps = [abs(x - y) for x, y in zip(a, b, strict=True)]
+    assert max(gaps) < PARITY_MAX and sum(gaps) / len(gaps) < PARITY_MEAN, (max(gaps), sum(gaps) / len(gaps))
+
+
+def test_a_batched_row_decodes_as_it_would_alone(policy):
+    _, rows = _rows(policy)
+    greedy = Sampling(0.0, 16, policy._suppress, policy._stop)
+    batched = sample_batch(policy.model, rows, greedy, policy._pad)
+    assert {s.batch_size for s in batched} == {len(rows)}
+    for row, together in zip(rows, batched):
+        alone = sample_batch(policy.model, [row], greedy, policy._pad)[0]
+        assert together.tokens == alone.tokens
+        _assert_close(together.logprobs, alone.logprobs)
+
+
+def test_batched_logprobs_are_the_trainers_scoring(policy):
+    prompts, rows = _rows(policy)
+    sampled = sample_batch(policy.model, rows, Sampling(1.0, 24, policy._suppress, policy._stop), policy._pad,
+                           generator=torch.Generator().manual_seed(0))
+    for (_, images), row, s in zip(prompts, rows, sampled):
+        inputs = inputs_from_ids(policy.tokenizer, row["input_ids"][0].tolist() + s.tokens, images,
+                                 policy.image_processor)
+        with torch.no_grad():
+            forced = forward_logprobs(policy.model, inputs, len(s.tokens), policy._suppress, 1.0).tolist()
+        _assert_close(s.logprobs, forced)
+
+
+def test_waiting_workers_are_decoded_together_and_a_refresh_lands_between_batches(tmp_path, model_dir):
+    pol = LocalPolicy(model_dir, max_new_tokens=6, seed=5)
+    fresh = save_tiny_vlm(*build_tiny_vlm(seed=8), tmp_path / "v1")
+    observations = [_obs(history=h) for h in range(6)]
+
+    async def together():
+        return await asyncio.gather(*[pol.act(o) for o in observations[:3]], pol.refresh(1, str(fresh)),
+                                    *[pol.act(o) for o in observations[3:]])
+
+    outs = [o for o in asyncio.run(together()) if o is not None]
+    assert max(o.timings["batch_size"] for o in outs) > 1, [o.timings["batch_size"] for o in outs]
+    assert pol.version == 1
+    scorers = {0: LocalPolicy(model_dir), 1: pol}
+    for out in outs:  # each response is wholly the version it names: its log-probs are that version's
+        (version,) = set(out.token_policy_versions)
+        forced = scorers[version].teacher_forced_logprobs(out.prompt_token_ids, _obs().screenshots,
+                                                          out.response_token_ids)
+        _assert_close(out.logprobs, forced)
 
 
 def test_vision_tokens_never_sampled(model_dir):

@@ -1,5 +1,9 @@
 """`LocalPolicy`: a transformers Qwen3-VL on CPU behind the `Policy` contract, with exact log-probs.
 
+The workers of a process share one model, and the prompts they are waiting on are decoded together
+(`model.sampling`): a caller queues its prompt, and whoever holds the model next takes every queued
+prompt as one batch (up to `max_batch`). A refresh takes the same lock, so it lands between batches.
+
 Sampling is our own loop over a KV cache (not `generate`) so that the log-prob recorded for each
 token is computed by the very function the trainer uses for teacher forcing (`policy_log_softmax`):
 logits / temperature, non-stop special tokens masked to -inf, log-softmax. The behaviour policy is
@@ -13,29 +17,31 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import unquote, urlparse
 
 import torch
 from transformers import Qwen3VLForConditionalGeneration
-from transformers.cache_utils import DynamicCache
 
-from model.inputs import (
-    build_inputs,
-    forward_logprobs,
-    inputs_from_ids,
-    mrope_positions,
-    policy_log_softmax,
-    stop_token_ids,
-    suppressed_token_ids,
-)
+from model.inputs import build_inputs, forward_logprobs, inputs_from_ids, stop_token_ids, suppressed_token_ids
 from model.prompt import PromptConfig, render_prompt
+from model.sampling import Sampled, Sampling, sample_batch
 from model.tiny_vlm import ensure_tiny_vlm, load_tiny_vlm
 from schemas.observation import Observation, PolicyOutput
 
 if TYPE_CHECKING:
     from pipeline.checkpoints import CheckpointStore
+
+
+@dataclass
+class _Waiting:
+    inputs: dict
+    result: Sampled | None = None
+    version: int = -1
+    error: BaseException | None = None
 
 
 class LocalPolicy:
@@ -53,10 +59,12 @@ class LocalPolicy:
         prompt_config: PromptConfig = PromptConfig(),
         num_threads: int | None = None,
         checkpoints: CheckpointStore | None = None,
+        max_batch: int = 64,
     ):
         """`num_threads`: set torch's (process-wide) intra-op threads; 1 is steadier when browsers
         share the cores (2 OpenMP threads spin-wait badly under contention). None: leave as is.
-        `checkpoints`: where `s3://` checkpoints are fetched (and verified) from; None: local ones only."""
+        `checkpoints`: where `s3://` checkpoints are fetched (and verified) from; None: local ones only.
+        `max_batch`: the most prompts decoded together (1: each alone, as before batching)."""
         if num_threads is not None:
             torch.set_num_threads(num_threads)
         path = Path(model_dir) if model_dir is not None else ensure_tiny_vlm()
@@ -69,65 +77,71 @@ class LocalPolicy:
         self._stop = stop_token_ids(self.tokenizer)
         self._generator = torch.Generator().manual_seed(seed)
         self.checkpoints = checkpoints
-        # asyncio.to_thread runs steps on executor threads; one model, one step at a time. A refresh
-        # takes the lock too, so no response ever mixes two weight versions.
+        self.max_batch = max_batch
+        self._pad = self.tokenizer.pad_token_id
+        # One model, one batch at a time. A refresh takes the lock too, so no response ever mixes two
+        # weight versions and no batch is split by one.
         self._lock = threading.Lock()
+        self._queue: list[_Waiting] = []
+        self._queue_lock = threading.Lock()
+        # Its own threads: every worker must be able to wait in the queue at once (asyncio's default
+        # executor has cores + 4 threads, which would cap the batch).
+        self._executor = ThreadPoolExecutor(max_workers=64, thread_name_prefix="local-policy")
+
+    @property
+    def sampling(self) -> Sampling:
+        return Sampling(self.temperature, self.max_new_tokens, self._suppress, self._stop)
 
     async def act(self, obs: Observation) -> PolicyOutput:
         text, images = render_prompt(obs, self.prompt_config)
-        return await asyncio.to_thread(self.generate, text, images)
+        return await asyncio.get_running_loop().run_in_executor(self._executor, self.generate, text, images)
 
     async def refresh(self, version: int, checkpoint_uri: str) -> None:
         await asyncio.to_thread(self.load_weights, version, checkpoint_uri)
 
     def generate(self, text: str, images: list[bytes]) -> PolicyOutput:
-        """Sample one response to a rendered prompt (blocking)."""
+        """Sample one response to a rendered prompt (blocking; decoded with whatever else is queued)."""
         t0 = time.perf_counter()
         inputs = build_inputs(self.tokenizer, text, images, self.image_processor)
-        with self._lock:
-            t1 = time.perf_counter()
-            response, logprobs, t_prefill = self._sample(inputs)
-            version = self.version
+        mine = _Waiting(inputs)
+        with self._queue_lock:
+            self._queue.append(mine)
+        t1 = time.perf_counter()
+        while mine.result is None and mine.error is None:
+            with self._lock:
+                if mine.result is None and mine.error is None:
+                    self._run_queued()
+        if mine.error is not None:
+            raise mine.error
         t2 = time.perf_counter()
-        timings = {"prepare_s": t1 - t0, "prefill_s": t_prefill, "decode_s": t2 - t1 - t_prefill, "policy_s": t2 - t0}
+        out = mine.result
+        timings = {"prepare_s": t1 - t0, "prefill_s": out.prefill_s, "decode_s": out.decode_s,
+                   "queue_s": t2 - t1 - out.prefill_s - out.decode_s, "policy_s": t2 - t0,
+                   "batch_size": float(out.batch_size)}
         return PolicyOutput(
-            response_text=self.tokenizer.decode(response, skip_special_tokens=True),
+            response_text=self.tokenizer.decode(out.tokens, skip_special_tokens=True),
             prompt_token_ids=inputs["input_ids"][0].tolist(),
-            response_token_ids=response,
-            logprobs=logprobs,
-            token_policy_versions=[version] * len(response),
+            response_token_ids=out.tokens,
+            logprobs=out.logprobs,
+            token_policy_versions=[mine.version] * len(out.tokens),
             timings=timings,
         )
 
-    @torch.no_grad()
-    def _sample(self, inputs: dict) -> tuple[list[int], list[float], float]:
-        t0 = time.perf_counter()
-        pos, delta = mrope_positions(self.model, inputs)
-        cache = DynamicCache(config=self.model.config.text_config)
-        out = self.model(**inputs, position_ids=pos, past_key_values=cache, use_cache=True, logits_to_keep=1)
-        t_prefill = time.perf_counter() - t0
-        length = inputs["input_ids"].shape[1]
-        tokens: list[int] = []
-        logprobs: list[float] = []
-        for _ in range(self.max_new_tokens):
-            token, logprob = self._pick(out.logits[0, -1])
-            tokens.append(token)
-            logprobs.append(logprob)
-            if token in self._stop or len(tokens) == self.max_new_tokens:
-                break
-            step = torch.tensor([[token]])
-            p = torch.full((3, 1, 1), length + len(tokens) - 1 + delta)
-            out = self.model(input_ids=step, position_ids=p, past_key_values=cache, use_cache=True)
-        return tokens, logprobs, t_prefill
-
-    def _pick(self, logits: torch.Tensor) -> tuple[int, float]:
-        """Sample (or argmax at temperature 0) from the masked distribution; its log-prob."""
-        logp = policy_log_softmax(logits, self._suppress, self.temperature)
-        if self.temperature > 0:
-            token = int(torch.multinomial(logp.exp(), 1, generator=self._generator))
-        else:
-            token = int(logp.argmax())
-        return token, float(logp[token])
+    def _run_queued(self) -> None:
+        """Decode the oldest queued prompts as one batch (the caller holds the model lock)."""
+        with self._queue_lock:
+            batch, self._queue = self._queue[:self.max_batch], self._queue[self.max_batch:]
+        if not batch:
+            return
+        try:
+            results = sample_batch(self.model, [w.inputs for w in batch], self.sampling, self._pad,
+                                   generator=self._generator)
+        except Exception as error:  # every waiter of the batch hears of it, not only the one running it
+            for waiting in batch:
+                waiting.error = error
+            return
+        for waiting, result in zip(batch, results):
+            waiting.version, waiting.result = self.version, result
 
     @torch.no_grad()
     def teacher_forced_logprobs(self, prompt_ids: list[int], images: list[bytes], response_ids: list[int]):
