@@ -50,7 +50,7 @@ def make_suite(name: str) -> Suite:
 
 def make_policy(name: str, suites: dict[str, Suite], model_dir: Path | None = None,
                 vllm_url: str | None = None, vllm_model: str | None = None, seed: int = 0,
-                noise: float = 0.0, checkpoints=None, temperature: float = 1.0) -> Policy:
+                noise: float = 0.0, checkpoints=None, temperature: float = 1.0, max_batch: int = 64) -> Policy:
     """`demo`: the oracle's actions (a random action with probability `noise`) as the local model's
     tokens and log-probs (`rollout.policy.scored`). `checkpoints`: a `CheckpointStore` through which
     model backends load s3:// versions."""
@@ -72,7 +72,7 @@ def make_policy(name: str, suites: dict[str, Suite], model_dir: Path | None = No
     if name == "local":
         from rollout.policy.local import LocalPolicy
 
-        return LocalPolicy(model_dir, seed=seed, checkpoints=checkpoints, temperature=temperature)
+        return LocalPolicy(model_dir, seed=seed, checkpoints=checkpoints, temperature=temperature, max_batch=max_batch)
     if name == "vllm":
         return _vllm_policy(vllm_url, vllm_model, seed, checkpoints, temperature)
     raise ValueError(f"unknown policy {name!r}; choose from {POLICIES}")
@@ -117,6 +117,8 @@ class RolloutRequest:
     """`demo` policy only: probability of a random action instead of the oracle's."""
     temperature: float = 1.0
     """Sampling temperature of model policies (0: greedy)."""
+    max_batch: int = 64
+    """Most waiting prompts the local policy decodes together (1: each alone)."""
     min_version: int = 0
     """Dispatch groups at this policy version at least: the pool loads it before sampling them."""
     everlasting: bool = True
@@ -141,7 +143,8 @@ def run_rollout(settings: StackSettings, req: RolloutRequest, show_progress: boo
     try:
         policy = make_policy(req.policy, {suite.name: suite}, req.model_dir, req.vllm_url or settings.vllm_url,
                              settings.vllm_model, seed=req.seed, noise=req.noise,
-                             checkpoints=CheckpointStore.from_settings(settings), temperature=req.temperature)
+                             checkpoints=CheckpointStore.from_settings(settings), temperature=req.temperature,
+                             max_batch=req.max_batch)
         if req.policy == "vllm" and req.model_dir is not None and req.min_version == 0:
             # The server serves whatever it last loaded: make version 0 the weights this run starts from.
             asyncio.run(policy.refresh(0, str(req.model_dir)))

@@ -79,14 +79,18 @@ class LocalPolicy:
         self.checkpoints = checkpoints
         self.max_batch = max_batch
         self._pad = self.tokenizer.pad_token_id
-        # One model, one batch at a time. A refresh takes the lock too, so no response ever mixes two
-        # weight versions and no batch is split by one.
-        self._lock = threading.Lock()
         self._queue: list[_Waiting] = []
         self._queue_lock = threading.Lock()
-        # Its own threads: every worker must be able to wait in the queue at once (asyncio's default
-        # executor has cores + 4 threads, which would cap the batch).
+        # Every forward pass runs on one thread, one batch at a time: a refresh queued there lands
+        # between batches, so no response mixes two weight versions. One thread also keeps torch on
+        # one OpenMP team; forward passes hopping between threads ran 2.5x slower on 2 cores.
+        self._model_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="local-policy-model")
+        # Callers wait on their own threads: every worker must be able to wait in the queue at once
+        # (asyncio's default executor has cores + 4 threads, which would cap the batch).
         self._executor = ThreadPoolExecutor(max_workers=64, thread_name_prefix="local-policy")
+
+    def _on_model_thread(self, fn, *args):
+        return self._model_thread.submit(fn, *args).result()
 
     @property
     def sampling(self) -> Sampling:
@@ -107,10 +111,8 @@ class LocalPolicy:
         with self._queue_lock:
             self._queue.append(mine)
         t1 = time.perf_counter()
-        while mine.result is None and mine.error is None:
-            with self._lock:
-                if mine.result is None and mine.error is None:
-                    self._run_queued()
+        while mine.result is None and mine.error is None:  # an earlier call's batch may have taken it
+            self._on_model_thread(self._run_queued)
         if mine.error is not None:
             raise mine.error
         t2 = time.perf_counter()
@@ -128,7 +130,7 @@ class LocalPolicy:
         )
 
     def _run_queued(self) -> None:
-        """Decode the oldest queued prompts as one batch (the caller holds the model lock)."""
+        """Decode the oldest queued prompts as one batch (on the model thread)."""
         with self._queue_lock:
             batch, self._queue = self._queue[:self.max_batch], self._queue[self.max_batch:]
         if not batch:
@@ -147,20 +149,20 @@ class LocalPolicy:
     def teacher_forced_logprobs(self, prompt_ids: list[int], images: list[bytes], response_ids: list[int]):
         """Log-probs (a list) of a recorded response under the current weights (one forward pass)."""
         inputs = inputs_from_ids(self.tokenizer, prompt_ids + response_ids, images, self.image_processor)
-        with self._lock:
-            lp = forward_logprobs(self.model, inputs, len(response_ids), self._suppress, self.temperature)
+        lp = self._on_model_thread(forward_logprobs, self.model, inputs, len(response_ids), self._suppress,
+                                   self.temperature)
         return lp.tolist()
 
     def load_weights(self, version: int, checkpoint_uri: str) -> None:
         """Copy weights from an HF directory into the live model: a local one (path or file:// URI),
-        or an s3:// one downloaded and verified through `checkpoints` (outside the lock: generation
-        goes on meanwhile)."""
+        or an s3:// one downloaded and verified through `checkpoints` (while generation goes on)."""
         path = self._checkpoint_path(checkpoint_uri)
+        self._on_model_thread(self._load, path, version)
+
+    def _load(self, path: Path, version: int) -> None:
         fresh = Qwen3VLForConditionalGeneration.from_pretrained(path, dtype=torch.float32)
-        state = fresh.state_dict()
-        with self._lock:
-            self.model.load_state_dict(state, strict=True)
-            self.version = version
+        self.model.load_state_dict(fresh.state_dict(), strict=True)
+        self.version = version
 
     def _checkpoint_path(self, uri: str) -> Path:
         if urlparse(uri).scheme == "s3":
