@@ -20,6 +20,7 @@ MISTAKES: dict[tuple[str, str], int] = {
     ("analysis.runs", "UnknownRun"): 2,
     ("kafka.errors", "NoBrokersAvailable"): 2,
     ("pipeline.stack.process", "StackError"): 1,
+    ("app.learning", "RLStarved"): 1,
 }
 """(module, exception class) -> exit code: 2 for what the user typed or configured, 1 for a stack that
 would not start (its message says why)."""

@@ -201,7 +201,9 @@ def run_learning(settings: StackSettings, config: LearningConfig,
         curve.rl = run_training(settings, RunConfig(mode="async", minutes=config.rl_minutes, rollout=rollout,
                                                     train=train, run_id=run_id, log_dir=out / "logs"),
                                 on_progress=_rl_progress(say), record=False)
-        versions, checkpoints = _published(settings, run_id), CheckpointStore.from_settings(settings)
+        if curve.rl.stopped:
+            say(f"  RL stopped early: {curve.rl.stopped}")
+        versions, checkpoints = _published(settings, run_id, curve.rl.stopped), CheckpointStore.from_settings(settings)
         for version in _spaced(sorted(versions), config.rl_eval_points):
             measure("rl" if version == max(versions) else f"rl-v{version}", checkpoints.download(versions[version]),
                     version, sft_s + curve.rl.seconds * version / max(max(versions), 1))
@@ -266,9 +268,15 @@ def warm_start(settings: StackSettings, config: LearningConfig, run_id: str, cur
     return out, time.monotonic() - t0
 
 
-def _published(settings: StackSettings, run_id: str) -> dict[int, str]:
+class RLStarved(RuntimeError):
+    """The RL stage made no version because every group was uninformative (the message says why)."""
+
+
+def _published(settings: StackSettings, run_id: str, stopped: str = "") -> dict[int, str]:
     """The RL run's published versions: version -> checkpoint URI."""
     versions = read_events(settings, run_id, "PolicyVersionPublished", ["version", "checkpoint_uri"]).to_pylist()
+    if not versions and stopped:
+        raise RLStarved(f"RL run {run_id} published no version: {stopped}")
     if not versions:
         raise RuntimeError(f"RL run {run_id} published no version (see its trainer.log)")
     return {v["version"]: v["checkpoint_uri"] for v in versions}
@@ -306,7 +314,7 @@ def _rl_progress(say):
     return _every(30, lambda p: say(
         f"  rl {time.monotonic() - p.started:5.0f}s  episodes {p.episodes}  success "
         f"{p.successes / max(p.episodes, 1):.2f}  version {p.version}  updates {len(p.updates)}  "
-        f"dropped {p.dropped}  trainer idle {p.trainer_idle:.0%}"))
+        f"dropped {p.dropped}  trainer idle {p.trainer_idle:.0%}" + (f"\n  {p.status}" if p.status else "")))
 
 
 def _jsonable(curve: LearningCurve) -> dict:

@@ -71,7 +71,8 @@ def run(ctx: typer.Context) -> None:
             elapsed = time.monotonic() - p.started
             live.update(f"[bold]{config.mode}[/] {elapsed / 60:4.1f}/{config.minutes:g} min  trajectories "
                         f"{p.episodes:,}  success {p.successes / max(p.episodes, 1):.2f}  policy v{p.version}  "
-                        f"staleness {p.staleness:.2f}  dropped {p.dropped}  trainer idle {p.trainer_idle:.0%}")
+                        f"staleness {p.staleness:.2f}  dropped {p.dropped}  trainer idle {p.trainer_idle:.0%}"
+                        + (f"\n[yellow]{p.status}[/]" if p.status else ""))
 
         summary = run_training(settings, config, on_progress=show)
     emit_record({**vars(summary), "trajectories_per_hour": summary.trajectories_per_hour}, cmd.format,

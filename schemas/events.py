@@ -22,11 +22,12 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainSeriali
 from schemas.actions import Action
 from schemas.arrow import Int64
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 """2: GroupDropped; UpdateApplied timings and staleness; PolicyVersionPublished lineage.
 3: EvaluationCompleted (a learning curve's points).
 4: UpdateApplied.memory (per-rank bytes of the sharded trainer; null in older files).
-5: RunStarted (a run's resolved configuration)."""
+5: RunStarted (a run's resolved configuration).
+6: GroupDropped.mean_reward and .invalid_share (why a run starves; null in older files)."""
 Sha256 = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
 Outcome = Literal["success", "failure", "env_error"]
 
@@ -316,6 +317,10 @@ class GroupDropped(Event):
     """The trainer's version when it dropped the group."""
     min_policy_version: Int64 = Field(ge=0)
     """Oldest behaviour version in the group."""
+    mean_reward: float | None = None
+    """The group's mean reward (an uninformative group's rewards are all this)."""
+    invalid_share: float | None = None
+    """Share of the group's steps whose model output was not a valid action."""
 
 
 class EvaluationCompleted(Event):

@@ -57,3 +57,21 @@ def test_rl_on_shuffled_rewards_stays_flat(learned):
     sft, rl = control.point("sft"), control.point("rl")
     assert control.rl.updates > 0
     assert rl.rate - sft.rate <= FLAT, [(p.stage, p.rate) for p in control.points]
+
+
+def test_a_starving_run_stops_and_names_the_cause(stack, tmp_path):
+    """RL from the untrained policy: every output is invalid, every group fails alike and is dropped.
+    The run must stop after its patience and say why, instead of idling to its budget."""
+    from app.training import RunConfig, run_training
+    from rollout.episode import EpisodeConfig
+    from rollout.run import RolloutRequest
+    from trainer.config import TrainConfig
+
+    settings = stack.settings().model_copy(update={"topic_prefix": f"t{uuid.uuid4().hex[:8]}"})
+    rollout = RolloutRequest(suite="boxes", policy="local", templates=("red",), workers=2, group_size=4,
+                             episodes=None, episode=EpisodeConfig(som=True, max_invalid_streak=1))
+    summary = run_training(settings, RunConfig(minutes=5, rollout=rollout, patience=8, log_dir=tmp_path,
+                                               train=TrainConfig(run_id="", groups_per_update=2)))
+    assert summary.version == 0 and summary.seconds < 4 * 60, summary
+    assert summary.stopped.startswith("starving: the last 8 groups") and "(invalid output:" in summary.stopped
+    assert "starving:" in (tmp_path / summary.run_id / "trainer.log").read_text()

@@ -287,3 +287,50 @@ def test_rl_evaluation_points_are_evenly_spaced_versions_ending_with_the_last():
     assert _spaced([0, 1, 2, 3], 3) == [1, 2, 3]
     assert _spaced([0, 1], 3) == [1] and _spaced([0, 1, 2], 1) == [2]
     assert _spaced([0], 1) == [0]  # no update was published: the warm start itself
+
+
+@pytest.mark.parametrize("sign", [1.0, -1.0], ids=["advantages", "negated"])
+def test_one_optimizer_step_moves_each_token_the_way_its_advantage_says(sign):
+    """The learning path's direction in seconds: one AdamW step of the trainer's own `optimizer_step`
+    raises the log-probs of positive-advantage tokens and lowers those of negative ones, and negating
+    the advantages reverses both. A sign or alignment bug in the loss fails this before any RL run."""
+    import dataclasses
+
+    batch, _ = _batch()
+    samples, trajectories = flatten(batch)
+    samples = [dataclasses.replace(s, advantage=sign * s.advantage) for s in samples]
+    model = _fresh_model()
+    scorer, config = _scorer(model), TrainConfig(run_id="run", lr=1e-4)
+    before = response_logprobs(scorer, samples, 1.0)
+    with _threads(1):
+        optimizer_step(scorer, EmulatedFSDP(model, 1, config.lr, config.weight_decay), config, 0,
+                       [shard(samples, 0, 1)], trajectories, 0, None)
+    after = response_logprobs(scorer, samples, 1.0)
+    moved = {+1: [], -1: []}
+    for s, b, a in zip(samples, before, after):
+        moved[1 if s.advantage > 0 else -1].append((a - b).mean().item())
+    assert len(moved[1]) and len(moved[-1])
+    assert all(m > 0 for m in moved[1]) and all(m < 0 for m in moved[-1]), moved
+
+
+def test_starvation_names_its_cause_from_the_dropped_groups():
+    from schemas import GroupDropped
+    from trainer.starvation import Starvation
+
+    def dropped(reason="uninformative", mean_reward=0.0, invalid_share=0.0):
+        return GroupDropped(run_id="r", group_id="g", task_id="t", reason=reason, trainer_version=0,
+                            min_policy_version=0, mean_reward=mean_reward, invalid_share=invalid_share)
+
+    s = Starvation()
+    for _ in range(3):
+        s.add(dropped(invalid_share=0.9))
+    s.add(dropped(reason="stale"))  # only uninformative drops starve a run
+    assert (s.groups, s.cause) == (3, "invalid output") and "90% of their actions invalid" in s.message()
+    s.reset()
+    s.add(dropped(invalid_share=0.1)), s.add(dropped(invalid_share=0.2))
+    assert s.cause == "all failed"
+    s.reset()
+    s.add(dropped(mean_reward=1.0))
+    assert s.cause == "all succeeded"
+    s.add(dropped(mean_reward=0.0))
+    assert s.cause == "mixed"

@@ -31,8 +31,11 @@ from schemas import GroupCompleted, GroupDropped, StepRecorded
 from trainer.advantages import group_advantages, informative
 from trainer.config import TrainConfig
 from trainer.staleness import admissible
+from trainer.starvation import Starvation
 
 Partition = tuple[str, int]
+STARVING_LOG_EVERY = 8
+"""The trainer's log names the cause of starvation after every this many uninformative drops in a row."""
 
 
 log = logging.getLogger("awrl.trainer.batch")
@@ -145,6 +148,7 @@ class BatchBuilder:
         self.ready: list[TrainGroup] = []
         self.seen: set[str] = set(skip)
         self.stats = BuilderStats()
+        self.starvation = Starvation()
 
     def next_batch(self, version: int) -> list[TrainGroup] | None:
         """`groups_per_update` admissible groups, or None after `batch_timeout_s` without one."""
@@ -217,11 +221,18 @@ class BatchBuilder:
         self.ready = keep
 
     def _drop(self, group: TrainGroup, reason: str, version: int) -> None:
-        self.producer.publish(GroupDropped(
+        steps = [s for t in group.trajectories for s in t]
+        rewards = group.completed.rewards
+        event = GroupDropped(
             run_id=self.config.run_id, group_id=group.group_id, task_id=group.completed.task_id, reason=reason,
             trainer_version=version, min_policy_version=min(group.behaviour_versions(), default=0),
-        ))
+            mean_reward=sum(rewards) / max(len(rewards), 1),
+            invalid_share=sum(s.error_class == "invalid_action" for s in steps) / max(len(steps), 1))
+        self.producer.publish(event)
         self.stats.dropped[reason] += 1
+        self.starvation.add(event)
+        if self.starvation.groups and self.starvation.groups % STARVING_LOG_EVERY == 0:
+            log.warning("%s", self.starvation.message())
         self.assembler.release(group.group_id)
 
     def describe(self) -> str:
@@ -234,6 +245,7 @@ class BatchBuilder:
         for g in batch:
             self.assembler.release(g.group_id)
         self.stats.groups_trained += len(batch)
+        self.starvation.reset()
 
     def commit(self) -> None:
         """Commit consumed positions (after the drops are acknowledged, so none is lost)."""
