@@ -54,6 +54,11 @@ CONTROLLED_TRAIN = TrainConfig(run_id="", groups_per_update=4, minibatches=2, pp
 optimizer steps, so the clip and approx_kl act), a 5-step warm-up (bench/RESULTS.md has the sweep)."""
 
 
+CONTROLLED_MALFORMED_REWARD = -0.5
+"""A malformed action (not an action, or a mark not on the screen) scores below a wrong click in the
+controlled configuration: the format wore down under RL without it (bench/RESULTS.md)."""
+
+
 @dataclass(frozen=True)
 class LearningConfig:
     suite: SuiteName = "sites"
@@ -81,6 +86,13 @@ class LearningConfig:
     """Demonstration steps per SFT optimizer step (small batches: more updates per CPU second)."""
     rl_minutes: float = 10.0
     """Wall budget of the async RL stage."""
+    rl_updates: int | None = None
+    """Stop RL after this many optimizer steps (`train.max_updates`), whichever of the two budgets
+    comes first; a budget in updates is what a loaded machine cannot shorten."""
+    malformed_reward: float = 0.0
+    """Reward of a failed RL episode with a malformed action (`EpisodeConfig.malformed_reward`)."""
+    seed: int = 0
+    """Seed of RL's task order and sampling."""
     eval_episodes: int = 100
     """Episodes of each held-out evaluation (Wilson 95% intervals of about +-0.1 at 100)."""
     rl_eval_points: int = 1
@@ -111,17 +123,25 @@ class LearningConfig:
         set_by_run(self.train, "train", run_id=(self.run_id, "--run-id"), temperature=(self.temperature, "--temperature"))
 
 
-def controlled(run_id: str, out_dir: Path, rl_minutes: float = 3.0, control: str = "none",
-               warm_start: Path | None = None) -> LearningConfig:
+CONTROLLED_UPDATES = 48
+"""The controlled test's RL budget: 12 versions of 4 optimizer steps (RL passed +0.4 by version 6 in
+every measured run; bench/RESULTS.md)."""
+
+
+def controlled(run_id: str, out_dir: Path, rl_minutes: float = 10.0, control: str = "none",
+               warm_start: Path | None = None, target: str = "red", rl_updates: int | None = CONTROLLED_UPDATES,
+               seed: int = 0) -> LearningConfig:
     """The controlled learning test on the `boxes` suite (no browser): demonstrations of "click any box"
-    give a warm start at chance on "click the red box", RL from it, held-out seeds evaluated before and
-    after; with `control="shuffled_rewards"` the same run whose advantages carry no information."""
+    give a warm start at chance on "click the `target` box" (a colour, or `colour`: the one the
+    instruction names), RL from it for `rl_updates` optimizer steps (at most `rl_minutes`), held-out
+    seeds evaluated before and after; with `control="shuffled_rewards"` the same run whose advantages
+    carry no information."""
     return LearningConfig(
-        suite="boxes", difficulty=None, templates=("red",), demo_templates=("any",), demo_episodes=300,
-        sft_epochs=4, sft_batch_steps=4, rl_minutes=rl_minutes, eval_episodes=96, eval_split="test",
-        temperature=1.0, workers=2, group_size=8, rl_eval_points=3, run_id=run_id, out_dir=out_dir,
-        warm_start=warm_start, curriculum=CurriculumConfig(enabled=False),
-        train=CONTROLLED_TRAIN.model_copy(update={"control": control}))
+        suite="boxes", difficulty=None, templates=(target,), demo_templates=("any",), demo_episodes=300,
+        sft_epochs=4, sft_batch_steps=4, rl_minutes=rl_minutes, rl_updates=rl_updates, eval_episodes=96,
+        eval_split="test", temperature=1.0, workers=2, group_size=8, rl_eval_points=3, run_id=run_id,
+        out_dir=out_dir, warm_start=warm_start, curriculum=CurriculumConfig(enabled=False), seed=seed,
+        malformed_reward=CONTROLLED_MALFORMED_REWARD, train=CONTROLLED_TRAIN.model_copy(update={"control": control}))
 
 
 @dataclass
@@ -190,13 +210,14 @@ def run_learning(settings: StackSettings, config: LearningConfig,
             measure("sft", sft_dir, 0, sft_s)
 
         say(f"[3/3] async RL for {config.rl_minutes:g} min from the SFT policy")
-        train = config.train.model_copy(update={"run_id": run_id, "temperature": config.temperature})
+        train = config.train.model_copy(update={"run_id": run_id, "temperature": config.temperature,
+                                                "max_updates": config.rl_updates or config.train.max_updates})
         if config.curriculum.enabled and config.sft_measured_by is None:
             LedgerWriter(settings).sync(idle_exit_s=3.0)  # the curriculum starts from this SFT evaluation
         rollout = RolloutRequest(
             suite=config.suite, difficulty=config.difficulty, templates=templates, policy="local", model_dir=sft_dir,
-            workers=config.workers, group_size=config.group_size, episode=EpisodeConfig(som=True),
-            curriculum=config.curriculum,
+            workers=config.workers, group_size=config.group_size, seed=config.seed,
+            episode=EpisodeConfig(som=True, malformed_reward=config.malformed_reward), curriculum=config.curriculum,
             curriculum_from=(f"{config.sft_measured_by or run_id}-eval-sft",))
         curve.rl = run_training(settings, RunConfig(mode="async", minutes=config.rl_minutes, rollout=rollout,
                                                     train=train, run_id=run_id, log_dir=out / "logs"),

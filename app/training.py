@@ -271,20 +271,18 @@ def _count(progress: RunProgress):
 
 def _run_async(settings, config: RunConfig, run_id: str, progress: RunProgress, deadline: float, trainer) -> None:
     stop = threading.Event()
-    timer = threading.Timer(max(0.0, deadline - time.monotonic()), stop.set)
-    timer.start()
-    count = _count(progress)
 
-    def on_episode(pool) -> None:
-        count(pool)
-        if progress.starved(config.patience):
-            stop.set()
+    def watch() -> None:  # the budget, a trainer that finished its updates (or died), starvation
+        while not stop.wait(0.5):
+            if time.monotonic() > deadline or trainer.poll() is not None or progress.starved(config.patience):
+                stop.set()
 
+    threading.Thread(target=watch, daemon=True).start()
     try:
         budget = StalenessBudget(config.eta, config.train.groups_per_update)
-        run_rollout(settings, _request(config, run_id, None), False, stop, on_episode, admission=budget)
+        run_rollout(settings, _request(config, run_id, None), False, stop, _count(progress), admission=budget)
     finally:
-        timer.cancel()
+        stop.set()
 
 
 def _run_sync(settings, config: RunConfig, run_id: str, progress: RunProgress, deadline: float, trainer) -> None:

@@ -36,6 +36,14 @@ class EpisodeConfig:
     """End the episode as a failure after this many consecutive invalid actions (WebArena's parsing-
     failure stop): a policy that cannot produce an action does not burn its whole horizon at full
     generation length. None: run the horizon."""
+    malformed_reward: float = 0.0
+    """Reward of a failed episode with a malformed action (output that is not an action, or a mark not
+    on the screen). Below a wrong click's 0, it ranks a well-formed mistake above lost format, so
+    that RL keeps the format it is given and a group that fails alike in different ways still teaches."""
+
+
+MALFORMED = frozenset({"invalid_action", "no_such_mark"})
+"""Step errors of output that is not an action on this screen (`EpisodeConfig.malformed_reward`)."""
 
 
 @dataclass
@@ -59,7 +67,7 @@ async def run_episode(ctx: EpisodeContext, task: Task, group_id: str) -> Episode
     screen: Screen | None = None
     steps = 0
     started = False
-    recorded = [0]  # steps emitted so far, also when the browser dies mid-episode
+    recorded = [0, 0]  # steps emitted so far (also when the browser dies mid-episode), malformed ones
 
     def start(instruction: str) -> None:
         nonlocal started
@@ -85,7 +93,8 @@ async def run_episode(ctx: EpisodeContext, task: Task, group_id: str) -> Episode
     finally:
         if screen is not None:
             await screen.close()
-    finished = EpisodeFinished(**ids, outcome=outcome, reward=1.0 if outcome == "success" else 0.0,
+    reward = 1.0 if outcome == "success" else ctx.config.malformed_reward if recorded[1] else 0.0
+    finished = EpisodeFinished(**ids, outcome=outcome, reward=reward,
                                num_steps=steps, reason=reason, answer=answer)
     ctx.emit(finished)
     return finished
@@ -129,6 +138,7 @@ async def _loop(ctx: EpisodeContext, screen: Screen, task: Task, instruction: st
             timings=StepTimings(policy_s=policy_s, browser_s=done.browser_s, wait_s=done.wait_s),
         ))
         recorded[0] += 1
+        recorded[1] += done.error_class in MALFORMED
         history.append(PastStep(parsed.thought, parsed.memory, describe(parsed.action), done.feedback))
         memory, feedback = parsed.memory, done.feedback
         if parsed.action.kind in ("answer", "stop"):

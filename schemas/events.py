@@ -205,7 +205,8 @@ class EpisodeFinished(Event):
     task_id: str
     outcome: Outcome
     reward: float
-    """Trajectory reward from the judge: 1.0 success, 0.0 otherwise."""
+    """Trajectory reward from the judge: 1.0 success, 0.0 otherwise (`EpisodeConfig.malformed_reward`
+    for a failure with a malformed action, when set)."""
     num_steps: Int64 = Field(ge=0)
     reason: str
     """Why it ended: judge verdict, horizon reached, or the environment error."""

@@ -28,11 +28,13 @@ def test_layouts_are_seeded_and_marks_name_their_colour():
 def test_splits_do_not_share_seeds():
     suite = BoxesSuite()
     train, test = suite.tasks("train"), suite.tasks("test")
-    assert {t.template for t in train} == {"colour", "red", "any"} and {t.template for t in test} == {"colour", "red"}
+    colours = {"red", "blue", "green", "black"}
+    assert {t.template for t in train} == {"colour", "any", *colours} and {t.template for t in test} == {"colour", *colours}
     assert not {t.seed for t in train} & {t.seed for t in test}
     task = make_task("colour", 5, "train")
     assert task.instruction == f"Click the {task.judge['target']} box."
-    assert {make_task("red", s, "test").judge["target"] for s in range(20)} == {"red"}
+    for colour in colours:  # a constant target: the same colour (so the same mark) on every layout
+        assert {make_task(colour, s, "test").judge["target"] for s in range(20)} == {colour}
 
 
 def _episode(task, action: Action, som: bool = False):
@@ -84,3 +86,43 @@ def test_oracle_episodes_through_the_pool_need_no_browser(settings, monkeypatch)
 
 async def _no_browser(self):
     raise AssertionError("the boxes suite launched a browser")
+
+
+class _Says:
+    """A policy that answers every observation with the same text (what a model might write)."""
+
+    name, version = "says", 0
+
+    def __init__(self, text: str):
+        self.text = text
+
+    async def act(self, obs):
+        from schemas.observation import PolicyOutput
+
+        return PolicyOutput(self.text, [1], [2], [-0.5], [0])
+
+    async def refresh(self, version: int, checkpoint_uri: str) -> None:
+        return None
+
+
+def _reward(text: str, malformed_reward: float) -> float:
+    from rollout.episode import EpisodeContext, run_episode
+
+    async def put(png: bytes) -> str:
+        return "0" * 64
+
+    async def nothing() -> None:
+        return None
+
+    worker = type("Worker", (), {"worker_id": "w0", "kill": lambda self: None})()  # boxes needs no browser
+    ctx = EpisodeContext("r", worker, _Says(text), BoxesSuite(), lambda event: None, put, nothing,
+                         EpisodeConfig(som=True, malformed_reward=malformed_reward))
+    return asyncio.run(run_episode(ctx, make_task("red", 3, "train"), "g")).reward
+
+
+def test_a_malformed_action_scores_below_a_wrong_click_when_asked():
+    click = '{"thought": "t", "memory": {}, "action": {"kind": "click", "mark": %s}}'
+    right, wrong, absent = (_reward(click % m, -0.5) for m in ("0", "1", "32"))  # red is mark 0; 32 is on no box
+    assert (right, wrong, absent) == (1.0, 0.0, -0.5)
+    assert _reward("click the red box", -0.5) == -0.5  # not an action at all
+    assert _reward(click % "32", 0.0) == 0.0  # the paper's binary reward by default

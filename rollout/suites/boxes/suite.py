@@ -17,14 +17,15 @@ Templates:
   instruction's colour: the digit it writes after `"mark": ` has to depend on a word far back in
   the prompt. Measured: the 5M-parameter model does not learn that within minutes of RL on 2 cores
   (`bench/learning.py --suite boxes`), so it is the benchmark, not the CI test.
-- `red`: "Click the red box." on every layout. The optimum is one action (mark 0) whatever the
-  layout, which the learning path must find from rewards alone: the CI's controlled test.
+- `red`, `blue`, `green`, `black`: "Click the red box." on every layout. The optimum is one action
+  (the colour's mark) whatever the layout, which the learning path must find from rewards alone: the
+  CI's controlled test, its colour drawn from the run's seed so that it cannot be tuned to one mark.
 - `any`: "Click any box." Every box is right, and the oracle picks one at random (seeded by the task).
   Its demonstrations teach the output format and a uniform choice of box, never which box a colour
   means: the warm start of the controlled learning test (`tests/test_learning.py`) is at chance.
 
-Splits: `train` seeds 0..TRAIN_SEEDS-1 of every template; `test` seeds from TEST_SEED on (`colour`
-and `red`): layouts and colour orders never trained on.
+Splits: `train` seeds 0..TRAIN_SEEDS-1 of every template; `test` seeds from TEST_SEED on (every
+template but `any`): layouts and colour orders never trained on.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ COLOURS = list(PALETTE)
 BOXES = 4
 SIZE = (256, 128)
 BOX = 40
-TEMPLATES = ("colour", "red", "any")
+TEMPLATES = ("colour", *COLOURS, "any")
 TRAIN_SEEDS = 500
 TEST_SEED, TEST_SEEDS = 100_000, 200
 URL = "http://127.0.0.1/boxes"
@@ -75,7 +76,7 @@ def make_task(template: str, seed: int, split: str) -> Task:
     if template == "any":
         instruction, target = "Click any box.", random.Random(f"any-{seed}").choice(colours)
     else:
-        target = "red" if template == "red" else random.Random(f"target-{seed}").choice(colours)
+        target = template if template in PALETTE else random.Random(f"target-{seed}").choice(colours)
         instruction = f"Click the {target} box."
     return Task(task_id=f"boxes-{template}-{seed}", suite="boxes", site="boxes", template=template,
                 difficulty="easy", instruction=instruction, start_path="/boxes", seed=seed, split=split,
@@ -140,7 +141,7 @@ class BoxesSuite:
 
     def __init__(self):
         train = [make_task(t, s, "train") for t in TEMPLATES for s in range(TRAIN_SEEDS)]
-        test = [make_task(t, s, "test") for t in ("colour", "red") for s in range(TEST_SEED, TEST_SEED + TEST_SEEDS)]
+        test = [make_task(t, s, "test") for t in TEMPLATES if t != "any" for s in range(TEST_SEED, TEST_SEED + TEST_SEEDS)]
         self._tasks = train + test
 
     def start(self) -> None:
