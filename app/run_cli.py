@@ -117,6 +117,8 @@ def rollout(
     eta: int = typer.Option(None, help="Staleness bound: dispatch only what a trainer with this eta can use."),
     groups_per_update: int = typer.Option(4, help="The trainer's groups per update (with --eta)."),
     seed: int = typer.Option(0),
+    max_batch: int = typer.Option(64, min=1, help="--policy local: most waiting prompts decoded together "
+                                                  "(1: each alone)."),
     journal: Path = typer.Option(Path(".awrl/rollout-journal"), envvar="AWRL_ROLLOUT_JOURNAL",
                                  help="Open-episode journals of this host's pools (a killed pool's episodes "
                                       "are ended as env_error by the next pool)."),
@@ -132,7 +134,7 @@ def rollout(
     req = RolloutRequest(suite=suite, policy=policy, workers=workers, group_size=group_size,
                          episodes=None if forever else episodes, dispatch=dispatch, split=split,
                          difficulty=difficulty, run_id=run_id, seed=seed, model_dir=model_dir, vllm_url=vllm_url,
-                         episode=EpisodeConfig(som=som), noise=noise, journal_dir=journal)
+                         episode=EpisodeConfig(som=som), noise=noise, journal_dir=journal, max_batch=max_batch)
     budget = None if eta is None else StalenessBudget(eta, groups_per_update)
     stats = run_rollout(StackSettings(), req, admission=budget)
     emit_record({"episodes": stats.episodes, "success": stats.successes / max(stats.episodes, 1),
