@@ -1,7 +1,7 @@
 """The controlled learning test over targets and seeds: does RL rise on every target, and collapse on none?
 
     .venv/bin/python bench/controlled.py [--targets red,blue,green,black,colour] [--seeds 3]
-        [--controls] [--warm-start DIR] [--rl-updates 48]
+        [--controls] [--warm-start DIR] [--rl-updates 80]
 
 Each run is `tests/test_learning.py`'s real run (`app.learning.controlled`) on one local stack: RL on
 "click the <target> box" (or `colour`: the colour the instruction names) from a warm start at chance,
@@ -28,7 +28,7 @@ OUT = Path(__file__).parent / "out"
 
 
 def main(targets: str = "red,blue,green,black,colour", seeds: int = 3, controls: bool = False,
-         warm_start: Path | None = None, rl_updates: int = 48) -> None:
+         warm_start: Path | None = None, rl_updates: int = 80) -> None:
     from analysis import connect
     from analysis.curves import compare_versions_png, success_by_version
     from app.learning import LearningCurve, controlled, run_learning

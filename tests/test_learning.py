@@ -23,7 +23,9 @@ import uuid
 
 import pytest
 
-from app.learning import controlled, run_learning
+from dataclasses import replace
+
+from app.learning import CONTROLLED_UPDATES, controlled, run_learning
 from pipeline.ledger import read_events
 from rollout.suites.boxes.suite import COLOURS
 
@@ -48,10 +50,14 @@ def learned(stack, boxes_warm_start, tmp_path_factory):
     settings = stack.settings().model_copy(update={"topic_prefix": f"t{uuid.uuid4().hex[:8]}"})
     out = tmp_path_factory.mktemp("learning")
     print(f"\ncontrolled learning test, {RUN} (AWRL_TEST_SEED={SEED} repeats it)")
-    real = run_learning(settings, controlled(f"ctl-{uuid.uuid4().hex[:6]}", out, warm_start=boxes_warm_start,
-                                             target=TARGET, seed=SEED))
-    control = run_learning(settings, controlled(f"ctl-{uuid.uuid4().hex[:6]}-shuffled", out, control="shuffled_rewards",
-                                                warm_start=boxes_warm_start, target=TARGET, seed=SEED))
+    # one held-out point after RL; the control is measured from the real run's SFT point and given
+    # half its updates (the least a fair control may have): the pair costs what the 3-minute pair did
+    real = run_learning(settings, replace(controlled(f"ctl-{uuid.uuid4().hex[:6]}", out, warm_start=boxes_warm_start,
+                                                     target=TARGET, seed=SEED), rl_eval_points=1))
+    control = run_learning(settings, replace(
+        controlled(f"{real.run_id}-shuffled", out, control="shuffled_rewards", warm_start=boxes_warm_start,
+                   target=TARGET, seed=SEED, rl_updates=CONTROLLED_UPDATES // 2),
+        rl_eval_points=1, sft_measured_by=real.run_id))
     return settings, real, control
 
 
@@ -68,7 +74,7 @@ def test_rl_raises_held_out_success_on_the_controlled_task(learned):
 
 def test_rl_on_shuffled_rewards_stays_flat(learned):
     _, real, control = learned
-    sft, rl = control.point("sft"), control.point("rl")
+    sft, rl = real.point("sft"), control.point("rl")  # the same warm start, measured once
     # a fair control: it trained at least half as much as the real run (a starved control proves nothing)
     assert control.rl.updates >= real.rl.updates / 2, (RUN, control.rl.updates, real.rl.updates)
     assert rl.rate - sft.rate <= FLAT, (RUN, [(p.stage, p.rate) for p in control.points])
