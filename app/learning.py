@@ -289,6 +289,14 @@ def warm_start(settings: StackSettings, config: LearningConfig, run_id: str, cur
     return out, time.monotonic() - t0
 
 
+def controlled_warm_start(settings: StackSettings, out_dir: Path, run_id: str = "warm",
+                          say: Callable[[str], None] = print) -> Path:
+    """Only the controlled task's warm start (demonstrations of "click any box", then SFT): the model
+    directory that a set of controlled runs shares (`controlled(..., warm_start=...)`)."""
+    sft, _ = warm_start(settings, controlled(run_id, out_dir), run_id, LearningCurve(run_id), say)
+    return sft
+
+
 class RLStarved(RuntimeError):
     """The RL stage made no version because every group was uninformative (the message says why)."""
 

@@ -78,7 +78,7 @@ def measure(settings, tree: Path, suite: str, workers: int, arm: str, model_dir:
 
 def main(workers: str = "1,2,4,8", suites: str = "boxes,miniwob", seconds: float = 40.0,
          model_dir: Path | None = None, baseline: str = "549671a") -> None:
-    from app.learning import LearningCurve, controlled, warm_start
+    from app.learning import controlled_warm_start
     from pipeline.bus import create_topics
     from pipeline.stack.local import LocalStack
 
@@ -89,8 +89,7 @@ def main(workers: str = "1,2,4,8", suites: str = "boxes,miniwob", seconds: float
             settings = stack.settings().model_copy(update={"ledger_uri": str(Path(d) / "ledger")})
             create_topics(settings)
             if model_dir is None:
-                model_dir, _ = warm_start(settings, controlled("warm", Path(d)), "warm", LearningCurve("warm"),
-                                          say=console.print)
+                model_dir = controlled_warm_start(settings, Path(d), say=console.print)
             here = Path(__file__).resolve().parents[1]
             before = Path(d) / "baseline"
             subprocess.run(["git", "-C", str(here), "worktree", "add", "--detach", str(before), baseline], check=True,

@@ -31,8 +31,7 @@ def main(targets: str = "red,blue,green,black,colour", seeds: int = 3, controls:
          warm_start: Path | None = None, rl_updates: int = 80) -> None:
     from analysis import connect
     from analysis.curves import compare_versions_png, success_by_version
-    from app.learning import LearningCurve, controlled, run_learning
-    from app.learning import warm_start as build_warm_start
+    from app.learning import controlled, controlled_warm_start, run_learning
     from pipeline.bus import create_topics
     from pipeline.stack.local import LocalStack
 
@@ -43,8 +42,7 @@ def main(targets: str = "red,blue,green,black,colour", seeds: int = 3, controls:
             settings = stack.settings().model_copy(update={"ledger_uri": str(Path(d) / "ledger")})
             create_topics(settings)
             if warm_start is None:
-                warm_start, _ = build_warm_start(settings, controlled("warm", Path(d)), "warm", LearningCurve("warm"),
-                                                 say=console.print)
+                warm_start = controlled_warm_start(settings, Path(d), say=console.print)
             arms = ("none", "shuffled_rewards") if controls else ("none",)
             for seed in range(seeds):
                 for target in targets.split(","):

@@ -70,14 +70,16 @@ def stop_token_ids(tokenizer) -> set[int]:
     return {tokenizer.convert_tokens_to_ids(t) for t in STOP_TOKENS}
 
 
-def mrope_positions(model, inputs: dict) -> tuple[torch.Tensor, int]:
-    """(3, 1, L) M-RoPE positions of a prompt and the offset that continues them for later tokens."""
-    ids = inputs["input_ids"]
+def mrope_positions(model, inputs: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """(3, B, L) M-RoPE positions of (left-padded) inputs, and the (B,) offsets that continue each row
+    for later tokens. Padding is skipped, so a row's positions are those it would have alone."""
+    mask = inputs["attention_mask"]
     if "image_grid_thw" not in inputs:
-        pos = torch.arange(ids.shape[1]).view(1, 1, -1).expand(3, 1, -1)
-        return pos, 0
-    pos, delta = model.model.get_rope_index(ids, inputs["mm_token_type_ids"], inputs["image_grid_thw"])
-    return pos, int(delta.item())
+        pos = (mask.cumsum(-1) - 1).clamp(min=0)
+        return pos.unsqueeze(0).expand(3, -1, -1), torch.zeros(mask.shape[0], dtype=torch.long)
+    pos, delta = model.model.get_rope_index(inputs["input_ids"], inputs["mm_token_type_ids"], inputs["image_grid_thw"],
+                                            attention_mask=mask)
+    return pos, delta.view(-1)
 
 
 def policy_log_softmax(logits: torch.Tensor, suppress: list[int], temperature: float) -> torch.Tensor:

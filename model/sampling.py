@@ -1,7 +1,7 @@
 """Batched sampling: the prompts waiting in one process decoded together, one forward pass per token.
 
 Prompts of different lengths are left-padded into one batch with an attention mask. M-RoPE positions
-come from `get_rope_index` over each row's unpadded tokens, so a row sees the positions it would see
+come from `model.inputs.mrope_positions` over each row's unpadded tokens, so a row sees the positions it would see
 alone and its log-probs equal the unbatched ones to float rounding (tests/test_local_policy.py). A
 row that has stopped rides along until the longest row stops: on a CPU the cost of a forward pass is
 mostly per call, not per row, so that is cheaper than re-packing the cache.
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 from transformers.cache_utils import DynamicCache
 
-from model.inputs import policy_log_softmax
+from model.inputs import mrope_positions, policy_log_softmax
 
 
 @dataclass(frozen=True)
@@ -64,24 +64,13 @@ def collate(rows: Sequence[dict[str, torch.Tensor]], pad_id: int) -> dict[str, t
     return batch
 
 
-def batch_positions(model, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
-    """(3, B, L) M-RoPE positions of a left-padded batch, and (B,) offsets that continue each row."""
-    mask = batch["attention_mask"]
-    if "image_grid_thw" not in batch:
-        pos = (mask.cumsum(-1) - 1).clamp(min=0)
-        return pos.unsqueeze(0).expand(3, -1, -1), torch.zeros(mask.shape[0], dtype=torch.long)
-    pos, delta = model.model.get_rope_index(batch["input_ids"], batch["mm_token_type_ids"], batch["image_grid_thw"],
-                                            attention_mask=mask)
-    return pos, delta.view(-1)
-
-
 @torch.no_grad()
 def sample_batch(model, rows: Sequence[dict[str, torch.Tensor]], sampling: Sampling, pad_id: int,
                  generator: torch.Generator | None = None) -> list[Sampled]:
     """Sample one response for each prompt in `rows`, all in one batch."""
     t0 = time.perf_counter()
     batch = collate(rows, pad_id)
-    pos, delta = batch_positions(model, batch)
+    pos, delta = mrope_positions(model, batch)
     cache = DynamicCache(config=model.config.text_config)
     out = model(**batch, position_ids=pos, past_key_values=cache, use_cache=True, logits_to_keep=1)
     prefill_s = time.perf_counter() - t0

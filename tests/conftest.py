@@ -34,15 +34,13 @@ def boxes_warm_start(stack, tmp_path_factory) -> Path:
     """The controlled task's warm start, built once: SFT on oracle demonstrations of "click any box"
     (`app.learning.controlled`). tests/test_learning.py learns from it; tests/test_vllm_live.py serves
     it, so that groups have mixed rewards and its trainer has something to update on."""
-    from app.learning import LearningCurve, controlled, warm_start
+    from app.learning import controlled_warm_start
     from pipeline.bus import create_topics
 
     settings = stack.settings().model_copy(update={"topic_prefix": f"t{uuid.uuid4().hex[:8]}"})
     create_topics(settings)
     run_id = f"warm-{uuid.uuid4().hex[:6]}"
-    sft, _ = warm_start(settings, controlled(run_id, tmp_path_factory.mktemp("warm-start")), run_id,
-                        LearningCurve(run_id), say=print)
-    return sft
+    return controlled_warm_start(settings, tmp_path_factory.mktemp("warm-start"), run_id)
 
 
 @pytest.fixture(scope="module")

@@ -1,8 +1,8 @@
 """`LocalPolicy`: a transformers Qwen3-VL on CPU behind the `Policy` contract, with exact log-probs.
 
 The workers of a process share one model, and the prompts they are waiting on are decoded together
-(`model.sampling`): a caller queues its prompt, and whoever holds the model next takes every queued
-prompt as one batch (up to `max_batch`). A refresh takes the same lock, so it lands between batches.
+(`model.sampling`): a caller queues its prompt, and the model thread takes every queued prompt as one
+batch (up to `max_batch`). A refresh runs on that thread too, so it lands between batches.
 
 Sampling is our own loop over a KV cache (not `generate`) so that the log-prob recorded for each
 token is computed by the very function the trainer uses for teacher forcing (`policy_log_softmax`):
@@ -17,8 +17,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import unquote, urlparse
@@ -36,16 +35,8 @@ if TYPE_CHECKING:
     from pipeline.checkpoints import CheckpointStore
 
 
-@dataclass
-class _Waiting:
-    inputs: dict
-    result: Sampled | None = None
-    version: int = -1
-    error: BaseException | None = None
-
-
 class LocalPolicy:
-    """A local transformers VLM; one model shared by all workers of the process (guarded by a lock)."""
+    """A local transformers VLM; one model shared by all workers of the process (on one thread)."""
 
     name = "local"
 
@@ -79,7 +70,7 @@ class LocalPolicy:
         self.checkpoints = checkpoints
         self.max_batch = max_batch
         self._pad = self.tokenizer.pad_token_id
-        self._queue: list[_Waiting] = []
+        self._queue: list[tuple[dict, Future[tuple[Sampled, int]]]] = []  # inputs -> (response, version)
         self._queue_lock = threading.Lock()
         # Every forward pass runs on one thread, one batch at a time: a refresh queued there lands
         # between batches, so no response mixes two weight versions. One thread also keeps torch on
@@ -107,16 +98,14 @@ class LocalPolicy:
         """Sample one response to a rendered prompt (blocking; decoded with whatever else is queued)."""
         t0 = time.perf_counter()
         inputs = build_inputs(self.tokenizer, text, images, self.image_processor)
-        mine = _Waiting(inputs)
+        mine: Future[tuple[Sampled, int]] = Future()
         with self._queue_lock:
-            self._queue.append(mine)
+            self._queue.append((inputs, mine))
         t1 = time.perf_counter()
-        while mine.result is None and mine.error is None:  # an earlier call's batch may have taken it
+        while not mine.done():  # an earlier call's batch may have taken it
             self._on_model_thread(self._run_queued)
-        if mine.error is not None:
-            raise mine.error
+        out, version = mine.result()
         t2 = time.perf_counter()
-        out = mine.result
         timings = {"prepare_s": t1 - t0, "prefill_s": out.prefill_s, "decode_s": out.decode_s,
                    "queue_s": t2 - t1 - out.prefill_s - out.decode_s, "policy_s": t2 - t0,
                    "batch_size": float(out.batch_size)}
@@ -125,7 +114,7 @@ class LocalPolicy:
             prompt_token_ids=inputs["input_ids"][0].tolist(),
             response_token_ids=out.tokens,
             logprobs=out.logprobs,
-            token_policy_versions=[mine.version] * len(out.tokens),
+            token_policy_versions=[version] * len(out.tokens),
             timings=timings,
         )
 
@@ -136,14 +125,14 @@ class LocalPolicy:
         if not batch:
             return
         try:
-            results = sample_batch(self.model, [w.inputs for w in batch], self.sampling, self._pad,
+            results = sample_batch(self.model, [inputs for inputs, _ in batch], self.sampling, self._pad,
                                    generator=self._generator)
         except Exception as error:  # every waiter of the batch hears of it, not only the one running it
-            for waiting in batch:
-                waiting.error = error
+            for _, waiting in batch:
+                waiting.set_exception(error)
             return
-        for waiting, result in zip(batch, results):
-            waiting.version, waiting.result = self.version, result
+        for (_, waiting), result in zip(batch, results):
+            waiting.set_result((result, self.version))
 
     @torch.no_grad()
     def teacher_forced_logprobs(self, prompt_ids: list[int], images: list[bytes], response_ids: list[int]):
