@@ -1,7 +1,7 @@
 """The controlled learning test over targets and seeds: does RL rise on every target, and collapse on none?
 
     .venv/bin/python bench/controlled.py [--targets red,blue,green,black,colour] [--seeds 3]
-        [--controls] [--warm-start DIR] [--rl-updates 80]
+        [--first-seed 0] [--controls] [--warm-start DIR] [--rl-updates 80]
 
 Each run is `tests/test_learning.py`'s real run (`app.learning.controlled`) on one local stack: RL on
 "click the <target> box" (or `colour`: the colour the instruction names) from a warm start at chance,
@@ -9,7 +9,9 @@ held-out success (96 episodes a point) before and after. The warm start (demonst
 box", SFT) is built once and shared by every run, or taken from `--warm-start`. `--controls` adds each
 run's shuffled-rewards control. A run *collapses* when its final success is below its warm start.
 Prints the table and the collapse rate, draws success on the training tasks against policy version
-for every run (bench/out/controlled.png), writes bench/out/controlled.json.
+for every run (bench/out/controlled.png), writes bench/out/controlled.json. Each run writes its
+checkpoints to a bucket of its own, removed once its row is taken (a version with its optimizer state is
+~75 MB, and the local store holds 4 GiB).
 """
 
 from __future__ import annotations
@@ -27,13 +29,14 @@ console = Console()
 OUT = Path(__file__).parent / "out"
 
 
-def main(targets: str = "red,blue,green,black,colour", seeds: int = 3, controls: bool = False,
+def main(targets: str = "red,blue,green,black,colour", seeds: int = 3, first_seed: int = 0, controls: bool = False,
          warm_start: Path | None = None, rl_updates: int = 80) -> None:
     from analysis import connect
     from analysis.curves import compare_versions_png, success_by_version
     from app.learning import controlled, controlled_warm_start, run_learning
     from pipeline.bus import create_topics
     from pipeline.stack.local import LocalStack
+    from pipeline.store import ScreenshotStore, remove_bucket
 
     rows, curves = [], {}
     with tempfile.TemporaryDirectory() as d:
@@ -44,15 +47,18 @@ def main(targets: str = "red,blue,green,black,colour", seeds: int = 3, controls:
             if warm_start is None:
                 warm_start = controlled_warm_start(settings, Path(d), say=console.print)
             arms = ("none", "shuffled_rewards") if controls else ("none",)
-            for seed in range(seeds):
+            for seed in range(first_seed, first_seed + seeds):
                 for target in targets.split(","):
                     for control in arms:
                         run_id = f"{target}-s{seed}" + ("-control" if control != "none" else "")
                         t0 = time.monotonic()
-                        run = run_learning(settings, controlled(run_id, Path(d), control=control, warm_start=warm_start,
+                        own = settings.model_copy(update={"s3_bucket": f"awrl-{run_id}"})
+                        ScreenshotStore.from_settings(own).ensure_bucket()
+                        run = run_learning(own, controlled(run_id, Path(d), control=control, warm_start=warm_start,
                                                                 target=target, rl_updates=rl_updates, seed=seed),
                                            say=console.print)
                         curves[run_id] = success_by_version(connect(settings), run_id)
+                        remove_bucket(own)
                         sft, rl = run.point("sft"), run.point("rl")
                         rows.append({"run": run_id, "target": target, "seed": seed, "control": control,
                                      "sft": sft.rate, "rl": rl.rate, "change": rl.rate - sft.rate,

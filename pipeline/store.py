@@ -9,15 +9,18 @@ from __future__ import annotations
 
 import io
 import logging
+import os
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TypeVar
 
+import certifi
 import tenacity
 import urllib3
 from minio import Minio
+from minio.deleteobjects import DeleteObject
 from minio.error import InvalidResponseError, S3Error, ServerError
 
 from pipeline.hashing import sha256_hex
@@ -29,6 +32,10 @@ MAX_SCREENSHOT_BYTES = 16 * 1024 * 1024
 
 STORE_PATIENCE_S = 600.0
 """How long a writer waits out an unreachable or full object store before it gives up."""
+STORE_READ_TIMEOUT_S = 60.0
+"""How long one request may wait for the store's answer. A Ceph cluster that is out of space does not
+refuse a write, it holds it; minio's default (300 s, then 5 retries) turned that into a 25-minute
+silence. With this, a held request fails in a minute and `patiently` says so while it waits."""
 _FULL = ("QuotaExceeded", "XMinioStorageFull", "XMinioAdminBucketQuotaExceeded")
 _BUSY = ("SlowDown", "ServiceUnavailable", "InternalError", "RequestTimeout")
 log = logging.getLogger("awrl.store")
@@ -40,9 +47,11 @@ class StoreUnavailable(RuntimeError):
 
 
 def store_trouble(exc: BaseException) -> str | None:
-    """Why `exc` is worth waiting out ("full" or "unreachable"), or None for a real error."""
+    """Why `exc` is worth waiting out ("full", "not answering" or "unreachable"), or None for a real error."""
     if isinstance(exc, S3Error):
         return "full" if exc.code in _FULL else "unreachable" if exc.code in _BUSY else None
+    if isinstance(getattr(exc, "reason", exc), urllib3.exceptions.ReadTimeoutError):
+        return "not answering (a Ceph cluster out of space holds writes)"
     if isinstance(exc, ServerError | InvalidResponseError | urllib3.exceptions.HTTPError | ConnectionError):
         return "unreachable"
     return None
@@ -94,8 +103,28 @@ def _short(exc: BaseException) -> str:
 
 
 def minio_client(settings: StackSettings) -> Minio:
+    """minio's own HTTP pool, except that a read timeout is not retried inside it (`read=0`): it goes
+    to `patiently`, which logs it and decides how long to wait."""
     access, secret = settings.s3_credentials()
-    return Minio(settings.s3_endpoint, access_key=access, secret_key=secret, secure=settings.s3_secure)
+    http = urllib3.PoolManager(
+        timeout=urllib3.Timeout(connect=10, read=STORE_READ_TIMEOUT_S), maxsize=10,
+        cert_reqs="CERT_REQUIRED", ca_certs=os.environ.get("SSL_CERT_FILE") or certifi.where(),
+        retries=urllib3.Retry(total=5, read=0, backoff_factor=0.2, status_forcelist=[500, 502, 503, 504]),
+    )
+    return Minio(settings.s3_endpoint, access_key=access, secret_key=secret, secure=settings.s3_secure,
+                 http_client=http)
+
+
+def remove_bucket(settings: StackSettings) -> None:
+    """Delete `settings.s3_bucket` and everything in it (a test's or a benchmark run's own bucket)."""
+    client, bucket = minio_client(settings), settings.s3_bucket
+    if not client.bucket_exists(bucket):
+        return
+    names = (DeleteObject(o.object_name) for o in client.list_objects(bucket, recursive=True))
+    errors = list(client.remove_objects(bucket, names))
+    if errors:
+        raise RuntimeError(f"could not empty bucket {bucket}: {errors[:3]}")
+    client.remove_bucket(bucket)
 
 
 class ScreenshotCorrupted(RuntimeError):

@@ -21,12 +21,12 @@ def stack(tmp_path_factory) -> LocalStack:
 
 @pytest.fixture()
 def settings(stack: LocalStack) -> StackSettings:
-    """Settings with a topic prefix of its own, so each test sees only its own messages."""
-    from pipeline.bus import create_topics
+    """Settings with a topic prefix and a bucket of its own (`isolation.own_settings`), so each test
+    sees only its own messages and objects, and leaves no object behind."""
+    from isolation import own_settings
 
-    s = stack.settings().model_copy(update={"topic_prefix": f"t{uuid.uuid4().hex[:8]}"})
-    create_topics(s)
-    return s
+    with own_settings(stack) as s:
+        yield s
 
 
 @pytest.fixture(scope="session")

@@ -20,10 +20,10 @@ from __future__ import annotations
 import os
 import random
 import uuid
+from dataclasses import replace
 
 import pytest
-
-from dataclasses import replace
+from isolation import own_settings
 
 from app.learning import CONTROLLED_UPDATES, controlled, run_learning
 from pipeline.ledger import read_events
@@ -47,7 +47,11 @@ RUN = f"seed {SEED}: click the {TARGET} box"
 
 @pytest.fixture(scope="module")
 def learned(stack, boxes_warm_start, tmp_path_factory):
-    settings = stack.settings().model_copy(update={"topic_prefix": f"t{uuid.uuid4().hex[:8]}"})
+    with own_settings(stack) as settings:
+        yield _learn(settings, boxes_warm_start, tmp_path_factory)
+
+
+def _learn(settings, boxes_warm_start, tmp_path_factory):
     out = tmp_path_factory.mktemp("learning")
     print(f"\ncontrolled learning test, {RUN} (AWRL_TEST_SEED={SEED} repeats it)")
     # one held-out point after RL; the control is measured from the real run's SFT point and given
@@ -80,7 +84,7 @@ def test_rl_on_shuffled_rewards_stays_flat(learned):
     assert rl.rate - sft.rate <= FLAT, (RUN, [(p.stage, p.rate) for p in control.points])
 
 
-def test_a_starving_run_stops_and_names_the_cause(stack, tmp_path):
+def test_a_starving_run_stops_and_names_the_cause(settings, tmp_path):
     """RL from the untrained policy: every output is invalid, every group fails alike and is dropped.
     The run must stop after its patience and say why, instead of idling to its budget."""
     from app.training import RunConfig, run_training
@@ -88,7 +92,6 @@ def test_a_starving_run_stops_and_names_the_cause(stack, tmp_path):
     from rollout.run import RolloutRequest
     from trainer.config import TrainConfig
 
-    settings = stack.settings().model_copy(update={"topic_prefix": f"t{uuid.uuid4().hex[:8]}"})
     rollout = RolloutRequest(suite="boxes", policy="local", templates=("red",), workers=2, group_size=4,
                              episodes=None, episode=EpisodeConfig(som=True, max_invalid_streak=1))
     summary = run_training(settings, RunConfig(minutes=5, rollout=rollout, patience=8, log_dir=tmp_path,

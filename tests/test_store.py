@@ -56,3 +56,16 @@ def test_wrong_secret_is_rejected_by_the_server(stack):
     with pytest.raises(S3Error) as err:
         client.bucket_exists(s.s3_bucket)
     assert err.value.code in ("SignatureDoesNotMatch", "AccessDenied", "InvalidAccessKeyId")
+
+
+def test_a_held_request_is_told_apart_from_an_unreachable_store():
+    """A full Ceph cluster holds writes; the client's read timeout surfaces it, named, to `patiently`."""
+    import urllib3
+
+    from pipeline.store import store_trouble
+
+    held = urllib3.exceptions.ReadTimeoutError(None, "/awrl/x", "Read timed out.")
+    refused = urllib3.exceptions.NewConnectionError(None, "Connection refused")
+    assert store_trouble(urllib3.exceptions.MaxRetryError(None, "/awrl/x", held)).startswith("not answering")
+    assert store_trouble(urllib3.exceptions.MaxRetryError(None, "/awrl/x", refused)) == "unreachable"
+    assert store_trouble(ValueError("a bug")) is None

@@ -8,6 +8,11 @@ Why it is set up this way:
   the daemon itself (so `stop` signals the right process) and `awrl stack up` may exit and leave it.
 - `durable=False` uses memstore: fast and nothing to clean, but every start is a fresh cluster.
   `durable=True` uses bluestore on a sparse file in the data dir so objects survive a restart.
+- A full cluster (memstore: 4 GiB; bluestore: 8 GiB) does not refuse a write, it holds it until
+  space is freed (measured: the 67th 64 MiB object into memstore waited for ever). So clients time
+  out (`pipeline.store.STORE_READ_TIMEOUT_S`), and deleted objects are garbage-collected within
+  ~10 s (`rgw gc obj min wait = 0`): with Ceph's default of 2 hours, a deleted checkpoint's data
+  (every part past the first 4 MiB) kept its space, and a store emptied and refilled stalled.
 - The mon address is baked into the monmap at mkfs, so a durable restart must reuse the mon port.
   The rgw port lives only in ceph.conf, which is rewritten on every start from the state file.
 - The state file (fsid, ports, S3 keys) is mode 0600: it holds the only credentials for the store.
@@ -111,6 +116,8 @@ osd data = {d}/osd0
 rgw frontends = beast endpoint=127.0.0.1:{rgw_port} tcp_nodelay=1
 rgw data = {d}/rgw
 rgw thread pool size = 64
+rgw gc obj min wait = 0
+rgw gc processor period = 10
 """
 
 
