@@ -29,6 +29,15 @@ def settings(stack: LocalStack) -> StackSettings:
         yield s
 
 
+@pytest.fixture(scope="module")
+def module_settings(stack: LocalStack) -> StackSettings:
+    """As `settings`, for a module's shared fixtures (a recorded run several tests read)."""
+    from isolation import own_settings
+
+    with own_settings(stack) as s:
+        yield s
+
+
 @pytest.fixture(scope="session")
 def boxes_warm_start(stack, tmp_path_factory) -> Path:
     """The controlled task's warm start, built once: SFT on oracle demonstrations of "click any box"

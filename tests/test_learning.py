@@ -23,7 +23,6 @@ import uuid
 from dataclasses import replace
 
 import pytest
-from isolation import own_settings
 
 from app.learning import CONTROLLED_UPDATES, controlled, run_learning
 from pipeline.ledger import read_events
@@ -46,12 +45,8 @@ RUN = f"seed {SEED}: click the {TARGET} box"
 
 
 @pytest.fixture(scope="module")
-def learned(stack, boxes_warm_start, tmp_path_factory):
-    with own_settings(stack) as settings:
-        yield _learn(settings, boxes_warm_start, tmp_path_factory)
-
-
-def _learn(settings, boxes_warm_start, tmp_path_factory):
+def learned(module_settings, boxes_warm_start, tmp_path_factory):
+    settings = module_settings
     out = tmp_path_factory.mktemp("learning")
     print(f"\ncontrolled learning test, {RUN} (AWRL_TEST_SEED={SEED} repeats it)")
     # one held-out point after RL; the control is measured from the real run's SFT point and given

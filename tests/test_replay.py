@@ -19,15 +19,15 @@ slow = pytest.mark.slow  # everything using the recorded run: a torchrun trainer
 
 
 @pytest.fixture(scope="module")
-def recorded(stack, tmp_path_factory):
+def recorded(module_settings, tmp_path_factory):
     """Run `rp-*`: 2 updates of one group each (two one-step trajectories, rewards 1 and 0), 2 processes,
     with a KL penalty to version 0 (so replay must rebuild pi_ref too)."""
     import os
 
     from pipeline.bus import create_topics
 
-    settings = stack.settings().model_copy(update={"topic_prefix": f"t{uuid.uuid4().hex[:8]}",
-                                                   "ledger_uri": str(tmp_path_factory.mktemp("ledger"))})
+    settings = module_settings.model_copy(update={"topic_prefix": f"t{uuid.uuid4().hex[:8]}",
+                                                  "ledger_uri": str(tmp_path_factory.mktemp("ledger"))})
     create_topics(settings)
     run_id = f"rp-{uuid.uuid4().hex[:6]}"
     publish_groups(settings, run_id, 2)
@@ -124,15 +124,15 @@ def test_replay_cli_writes_the_side_by_side_report(recorded, tmp_path):
 
 
 @pytest.fixture(scope="module")
-def recorded_epochs(stack, tmp_path_factory):
+def recorded_epochs(module_settings, tmp_path_factory):
     """Run `re-*`: 2 batches of 2 groups, 2 PPO epochs of 2 minibatches each (4 optimizer steps a version),
     a warm-up, and the shuffled-rewards control; 1 process."""
     import os
 
     from pipeline.bus import create_topics
 
-    settings = stack.settings().model_copy(update={"topic_prefix": f"t{uuid.uuid4().hex[:8]}",
-                                                   "ledger_uri": str(tmp_path_factory.mktemp("ledger"))})
+    settings = module_settings.model_copy(update={"topic_prefix": f"t{uuid.uuid4().hex[:8]}",
+                                                  "ledger_uri": str(tmp_path_factory.mktemp("ledger"))})
     create_topics(settings)
     run_id = f"re-{uuid.uuid4().hex[:6]}"
     publish_groups(settings, run_id, 4)
