@@ -1,13 +1,14 @@
 """The controlled learning test over targets and seeds: does RL rise on every target, and collapse on none?
 
     .venv/bin/python bench/controlled.py [--targets red,blue,green,black,colour] [--seeds 3]
-        [--first-seed 0] [--controls] [--warm-start DIR] [--rl-updates 80]
+        [--first-seed 0] [--controls] [--warm-start DIR] [--rl-updates 80] [--kl-coef 0]
 
 Each run is `tests/test_learning.py`'s real run (`app.learning.controlled`) on one local stack: RL on
 "click the <target> box" (or `colour`: the colour the instruction names) from a warm start at chance,
 held-out success (96 episodes a point) before and after. The warm start (demonstrations of "click any
 box", SFT) is built once and shared by every run, or taken from `--warm-start`. `--controls` adds each
-run's shuffled-rewards control. A run *collapses* when its final success is below its warm start.
+run's shuffled-rewards control. `--kl-coef` sets the controlled configuration's KL penalty to the
+warm start (`TrainConfig.kl_coef`). A run *collapses* when its final success is below its warm start.
 Prints the table and the collapse rate, draws success on the training tasks against policy version
 for every run (bench/out/controlled.png), writes bench/out/controlled.json. Each run writes its
 checkpoints to a bucket of its own, removed once its row is taken (a version with its optimizer state is
@@ -19,6 +20,7 @@ from __future__ import annotations
 import json
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import typer
@@ -30,7 +32,7 @@ OUT = Path(__file__).parent / "out"
 
 
 def main(targets: str = "red,blue,green,black,colour", seeds: int = 3, first_seed: int = 0, controls: bool = False,
-         warm_start: Path | None = None, rl_updates: int = 80) -> None:
+         warm_start: Path | None = None, rl_updates: int = 80, kl_coef: float | None = None) -> None:
     from analysis import connect
     from analysis.curves import compare_versions_png, success_by_version
     from app.learning import controlled, controlled_warm_start, run_learning
@@ -39,6 +41,7 @@ def main(targets: str = "red,blue,green,black,colour", seeds: int = 3, first_see
     from pipeline.store import ScreenshotStore, remove_bucket
 
     rows, curves = [], {}
+    tag = f"-kl{kl_coef:g}" if kl_coef is not None else ""
     with tempfile.TemporaryDirectory() as d:
         stack = LocalStack.up(Path(d) / "stack", durable=False)
         try:
@@ -50,13 +53,15 @@ def main(targets: str = "red,blue,green,black,colour", seeds: int = 3, first_see
             for seed in range(first_seed, first_seed + seeds):
                 for target in targets.split(","):
                     for control in arms:
-                        run_id = f"{target}-s{seed}" + ("-control" if control != "none" else "")
+                        run_id = f"{target}-s{seed}{tag}" + ("-control" if control != "none" else "")
                         t0 = time.monotonic()
                         own = settings.model_copy(update={"s3_bucket": f"awrl-{run_id}"})
                         ScreenshotStore.from_settings(own).ensure_bucket()
-                        run = run_learning(own, controlled(run_id, Path(d), control=control, warm_start=warm_start,
-                                                                target=target, rl_updates=rl_updates, seed=seed),
-                                           say=console.print)
+                        config = controlled(run_id, Path(d), control=control, warm_start=warm_start, target=target,
+                                            rl_updates=rl_updates, seed=seed)
+                        if kl_coef is not None:
+                            config = replace(config, train=config.train.model_copy(update={"kl_coef": kl_coef}))
+                        run = run_learning(own, config, say=console.print)
                         curves[run_id] = success_by_version(connect(settings), run_id)
                         remove_bucket(own)
                         sft, rl = run.point("sft"), run.point("rl")
@@ -69,9 +74,9 @@ def main(targets: str = "red,blue,green,black,colour", seeds: int = 3, first_see
         finally:
             stack.down()
     OUT.mkdir(exist_ok=True)
-    compare_versions_png(curves, OUT / "controlled.png", title="boxes: RL by target and seed")
-    (OUT / "controlled.json").write_text(json.dumps(rows, indent=2, default=str))
-    table = Table(title=f"controlled task, {rl_updates} optimizer steps of RL, 96 held-out episodes per point")
+    compare_versions_png(curves, OUT / f"controlled{tag}.png", title=f"boxes: RL by target and seed{tag}")
+    (OUT / f"controlled{tag}.json").write_text(json.dumps(rows, indent=2, default=str))
+    table = Table(title=f"controlled task, {rl_updates} optimizer steps of RL{tag}, 96 held-out episodes per point")
     for c in ("run", "warm start", "mid-run", "final", "change", "versions", "RL episodes", "minutes"):
         table.add_column(c, justify="right")
     for r in rows:
