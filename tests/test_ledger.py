@@ -141,7 +141,10 @@ def test_two_writers_share_the_log_and_one_sigkilled_mid_file_loses_and_duplicat
     while set(ledger_ids(settings)) != set(produced) and time.monotonic() < deadline:
         time.sleep(0.5)
     writers[1].terminate()
-    writers[1].wait(timeout=30)
+    try:
+        writers[1].wait(timeout=30)
+    finally:  # a writer that will not stop must not outlive its test (it spun a core for 25 min once)
+        writers[1].kill()
     ids = ledger_ids(settings)
     row = account("2 ledger writers, one SIGKILLed mid-file", produced, settings,
                   note="the survivor took over its partitions; its journal entries named what was written")
