@@ -13,13 +13,13 @@ the bound is the model's reading of colour, not RL; if it rises, RL's signal is 
 from __future__ import annotations
 
 import json
-import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
 
 import typer
 from rich.console import Console
+from stack import local_stack
 
 console = Console()
 OUT = Path(__file__).parent / "out"
@@ -27,32 +27,23 @@ OUT = Path(__file__).parent / "out"
 
 def main(demos: str = "300,1200", epochs: int = 4) -> None:
     from app.learning import LearningCurve, controlled, warm_start
-    from pipeline.bus import create_topics
-    from pipeline.stack.local import LocalStack
     from rollout.evaluate import evaluate
 
     rows = []
-    with tempfile.TemporaryDirectory() as d:
-        stack = LocalStack.up(Path(d) / "stack", durable=False)
-        try:
-            settings = stack.settings().model_copy(update={"ledger_uri": str(Path(d) / "ledger")})
-            create_topics(settings)
-            arms = [("any", int(demos.split(",")[0]))] + [("colour", int(n)) for n in demos.split(",")]
-            for shown, n in arms:
-                run_id = f"ceiling-{shown}-{n}"
-                t0 = time.monotonic()
-                config = replace(controlled(run_id, Path(d), target="colour"), demo_templates=(shown,),
-                                 demo_episodes=n, sft_epochs=epochs)
-                model_dir, sft_s = warm_start(settings, config, run_id, LearningCurve(run_id), console.print)
-                result = evaluate(settings, model_dir=model_dir, suite="boxes", split="test", difficulty=None,
-                                  episodes=96, workers=2, temperature=1.0, run_id=f"{run_id}-eval",
-                                  templates=("colour",))
-                rows.append({"demonstrations": shown, "episodes": n, "epochs": epochs, "sft_s": sft_s,
-                             "success": result.successes / result.episodes, "ci95": result.ci95,
-                             "minutes": (time.monotonic() - t0) / 60})
-                console.print(rows[-1])
-        finally:
-            stack.down()
+    with local_stack() as (_, settings, d):
+        arms = [("any", int(demos.split(",")[0]))] + [("colour", int(n)) for n in demos.split(",")]
+        for shown, n in arms:
+            run_id = f"ceiling-{shown}-{n}"
+            t0 = time.monotonic()
+            config = replace(controlled(run_id, d, target="colour"), demo_templates=(shown,), demo_episodes=n,
+                             sft_epochs=epochs)
+            model_dir, sft_s = warm_start(settings, config, run_id, LearningCurve(run_id), console.print)
+            result = evaluate(settings, model_dir=model_dir, suite="boxes", split="test", difficulty=None, episodes=96,
+                              workers=2, temperature=1.0, run_id=f"{run_id}-eval", templates=("colour",))
+            rows.append({"demonstrations": shown, "episodes": n, "epochs": epochs, "sft_s": sft_s,
+                         "success": result.successes / result.episodes, "ci95": result.ci95,
+                         "minutes": (time.monotonic() - t0) / 60})
+            console.print(rows[-1])
     OUT.mkdir(exist_ok=True)
     (OUT / "colour_ceiling.json").write_text(json.dumps(rows, indent=2))
     for r in rows:

@@ -12,42 +12,35 @@ from __future__ import annotations
 
 import io
 import os
-import tempfile
 import time
-from pathlib import Path
 
 import typer
 from rich.console import Console
+from stack import local_stack
 
 console = Console()
 
 
 def main(rounds: int = 3, objects: int = 40, pause: float = 5.0) -> None:
-    from pipeline.stack.local import LocalStack
     from pipeline.store import ScreenshotStore, minio_client, remove_bucket
 
     blob = os.urandom(64 << 20)
-    with tempfile.TemporaryDirectory() as d:
-        stack = LocalStack.up(Path(d) / "stack", durable=False)
-        try:
-            for r in range(rounds):
-                settings = stack.settings().model_copy(update={"s3_bucket": f"awrl-fill-{r}"})
-                ScreenshotStore.from_settings(settings).ensure_bucket()
-                client, t0 = minio_client(settings), time.monotonic()
-                for i in range(objects):
-                    try:
-                        client.put_object(settings.s3_bucket, f"fill/{i}", io.BytesIO(blob[:-1] + bytes([i])),
-                                          len(blob), part_size=16 << 20)
-                    except Exception as exc:  # noqa: BLE001 - the finding is which write failed and how
-                        console.print(f"round {r}: object {i} of {objects} failed after "
-                                      f"{time.monotonic() - t0:.0f} s: {type(exc).__name__}")
-                        raise typer.Exit(1) from None
-                console.print(f"round {r}: {objects} x 64 MiB stored in {time.monotonic() - t0:.0f} s")
-                remove_bucket(settings)
-                time.sleep(pause)
-        finally:
-            stack.down()
-
+    with local_stack() as (stack, _, _):
+        for r in range(rounds):
+            settings = stack.settings().model_copy(update={"s3_bucket": f"awrl-fill-{r}"})
+            ScreenshotStore.from_settings(settings).ensure_bucket()
+            client, t0 = minio_client(settings), time.monotonic()
+            for i in range(objects):
+                try:
+                    client.put_object(settings.s3_bucket, f"fill/{i}", io.BytesIO(blob[:-1] + bytes([i])),
+                                      len(blob), part_size=16 << 20)
+                except Exception as exc:  # noqa: BLE001 - the finding is which write failed and how
+                    console.print(f"round {r}: object {i} of {objects} failed after "
+                                  f"{time.monotonic() - t0:.0f} s: {type(exc).__name__}")
+                    raise typer.Exit(1) from None
+            console.print(f"round {r}: {objects} x 64 MiB stored in {time.monotonic() - t0:.0f} s")
+            remove_bucket(settings)
+            time.sleep(pause)
 
 if __name__ == "__main__":
     typer.run(main)
