@@ -20,7 +20,6 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -28,6 +27,7 @@ from pathlib import Path
 import typer
 from rich.console import Console
 from rich.table import Table
+from stack import local_stack
 
 console = Console()
 OUT = Path(__file__).parent / "out"
@@ -79,21 +79,16 @@ def measure(settings, tree: Path, suite: str, workers: int, arm: str, model_dir:
 def main(workers: str = "1,2,4,8", suites: str = "boxes,miniwob", seconds: float = 40.0,
          model_dir: Path | None = None, baseline: str = "549671a") -> None:
     from app.learning import controlled_warm_start
-    from pipeline.bus import create_topics
-    from pipeline.stack.local import LocalStack
 
     rows = []
-    with tempfile.TemporaryDirectory() as d:
-        stack = LocalStack.up(Path(d) / "stack", durable=False)
+    here = Path(__file__).resolve().parents[1]
+    with local_stack() as (_, settings, d):
+        if model_dir is None:
+            model_dir = controlled_warm_start(settings, d, say=console.print)
+        before = d / "baseline"
+        subprocess.run(["git", "-C", str(here), "worktree", "add", "--detach", str(before), baseline], check=True,
+                       capture_output=True)
         try:
-            settings = stack.settings().model_copy(update={"ledger_uri": str(Path(d) / "ledger")})
-            create_topics(settings)
-            if model_dir is None:
-                model_dir = controlled_warm_start(settings, Path(d), say=console.print)
-            here = Path(__file__).resolve().parents[1]
-            before = Path(d) / "baseline"
-            subprocess.run(["git", "-C", str(here), "worktree", "add", "--detach", str(before), baseline], check=True,
-                           capture_output=True)
             trees = {"before": before, "alone": here, "batched": here}
             for suite in suites.split(","):
                 for n in (int(w) for w in workers.split(",")):
@@ -102,7 +97,6 @@ def main(workers: str = "1,2,4,8", suites: str = "boxes,miniwob", seconds: float
                         console.print(rows[-1])
         finally:
             subprocess.run(["git", "-C", str(here), "worktree", "remove", "--force", str(before)], capture_output=True)
-            stack.down()
     OUT.mkdir(exist_ok=True)
     (OUT / "batched_sampling.json").write_text(json.dumps(rows, indent=2))
     table = Table(title=f"local policy sampling, {seconds:g} s a point: episodes/s (actions/s)")

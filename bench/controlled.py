@@ -18,7 +18,6 @@ checkpoints to a bucket of its own, removed once its row is taken (a version wit
 from __future__ import annotations
 
 import json
-import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -26,6 +25,7 @@ from pathlib import Path
 import typer
 from rich.console import Console
 from rich.table import Table
+from stack import local_stack
 
 console = Console()
 OUT = Path(__file__).parent / "out"
@@ -36,43 +36,35 @@ def main(targets: str = "red,blue,green,black,colour", seeds: int = 3, first_see
     from analysis import connect
     from analysis.curves import compare_versions_png, success_by_version
     from app.learning import controlled, controlled_warm_start, run_learning
-    from pipeline.bus import create_topics
-    from pipeline.stack.local import LocalStack
     from pipeline.store import ScreenshotStore, remove_bucket
 
     rows, curves = [], {}
     tag = f"-kl{kl_coef:g}" if kl_coef is not None else ""
-    with tempfile.TemporaryDirectory() as d:
-        stack = LocalStack.up(Path(d) / "stack", durable=False)
-        try:
-            settings = stack.settings().model_copy(update={"ledger_uri": str(Path(d) / "ledger")})
-            create_topics(settings)
-            if warm_start is None:
-                warm_start = controlled_warm_start(settings, Path(d), say=console.print)
-            arms = ("none", "shuffled_rewards") if controls else ("none",)
-            for seed in range(first_seed, first_seed + seeds):
-                for target in targets.split(","):
-                    for control in arms:
-                        run_id = f"{target}-s{seed}{tag}" + ("-control" if control != "none" else "")
-                        t0 = time.monotonic()
-                        own = settings.model_copy(update={"s3_bucket": f"awrl-{run_id}"})
-                        ScreenshotStore.from_settings(own).ensure_bucket()
-                        config = controlled(run_id, Path(d), control=control, warm_start=warm_start, target=target,
-                                            rl_updates=rl_updates, seed=seed)
-                        if kl_coef is not None:
-                            config = replace(config, train=config.train.model_copy(update={"kl_coef": kl_coef}))
-                        run = run_learning(own, config, say=console.print)
-                        curves[run_id] = success_by_version(connect(settings), run_id)
-                        remove_bucket(own)
-                        sft, rl = run.point("sft"), run.point("rl")
-                        rows.append({"run": run_id, "target": target, "seed": seed, "control": control,
-                                     "sft": sft.rate, "rl": rl.rate, "change": rl.rate - sft.rate,
-                                     "versions": run.rl.version, "updates": run.rl.updates, "episodes": run.rl.episodes,
-                                     "points": [(p.stage, p.policy_version, p.rate) for p in run.points],
-                                     "seconds": time.monotonic() - t0})
-                        console.print(rows[-1])
-        finally:
-            stack.down()
+    with local_stack() as (_, settings, d):
+        if warm_start is None:
+            warm_start = controlled_warm_start(settings, d, say=console.print)
+        arms = ("none", "shuffled_rewards") if controls else ("none",)
+        for seed in range(first_seed, first_seed + seeds):
+            for target in targets.split(","):
+                for control in arms:
+                    run_id = f"{target}-s{seed}{tag}" + ("-control" if control != "none" else "")
+                    t0 = time.monotonic()
+                    own = settings.model_copy(update={"s3_bucket": f"awrl-{run_id}"})
+                    ScreenshotStore.from_settings(own).ensure_bucket()
+                    config = controlled(run_id, d, control=control, warm_start=warm_start, target=target,
+                                        rl_updates=rl_updates, seed=seed)
+                    if kl_coef is not None:
+                        config = replace(config, train=config.train.model_copy(update={"kl_coef": kl_coef}))
+                    run = run_learning(own, config, say=console.print)
+                    curves[run_id] = success_by_version(connect(settings), run_id)
+                    remove_bucket(own)
+                    sft, rl = run.point("sft"), run.point("rl")
+                    rows.append({"run": run_id, "target": target, "seed": seed, "control": control,
+                                 "sft": sft.rate, "rl": rl.rate, "change": rl.rate - sft.rate,
+                                 "versions": run.rl.version, "updates": run.rl.updates, "episodes": run.rl.episodes,
+                                 "points": [(p.stage, p.policy_version, p.rate) for p in run.points],
+                                 "seconds": time.monotonic() - t0})
+                    console.print(rows[-1])
     OUT.mkdir(exist_ok=True)
     compare_versions_png(curves, OUT / f"controlled{tag}.png", title=f"boxes: RL by target and seed{tag}")
     (OUT / f"controlled{tag}.json").write_text(json.dumps(rows, indent=2, default=str))
