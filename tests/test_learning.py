@@ -9,8 +9,8 @@ The `boxes` suite draws its screens itself (no browser), everything else is prod
 the real broker and object store, the ledger, `GroupAssembler` and `trainer.advantages`, decoupled
 PPO with multi-step GRPO under torchrun, `PolicyVersionPublished` and the pool's in-place refresh.
 The warm start clones demonstrations of "click any box", so on "click the red box" it is at chance
-(about 1/4, four boxes). RL must then raise held-out success by at least 0.4 absolute; the same run
-with each group's rewards shuffled must not rise. A sign, token-alignment, version or normaliser bug
+(about 1/4, four boxes). RL must then raise held-out success (192 episodes a point) by at least 0.2
+absolute; the same run with each group's rewards shuffled must not rise. A sign, token-alignment, version or normaliser bug
 in the learning path makes the first fail (or the second, for a bug that learns from nothing).
 Margins from repeated runs are in bench/RESULTS.md (`bench/controlled.py`).
 """
@@ -30,11 +30,18 @@ from rollout.suites.boxes.suite import COLOURS
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 
-RISE = 0.4
-"""What RL must add to the warm start's held-out success."""
+RISE = 0.2
+"""What RL must add to the warm start's held-out success. The difference of two 192-episode estimates
+near 0.22 and 0.55 has a standard deviation of about 0.047: 0.2 is 4.3 of them above no learning, and
+2.6 below the slowest rise measured with the KL penalty (+0.32, black; +0.32 to +0.40 over the four
+targets, bench/RESULTS.md). The bound was 0.4 at 96 episodes, set before the penalty; RL without the
+penalty rose faster but collapsed in 1 run of 12, and the bound failed a real rise of +0.36 (seed 988)."""
+EVAL_EPISODES = 192
+"""Held-out episodes a point (the benchmark's 96, doubled: the test's bound needs the precision, and
+an evaluation costs seconds on this task)."""
 FLAT = 0.15
-"""How far the control may rise (two 96-episode estimates near 0.2: their difference has a standard
-deviation of about 0.06, so 0.15 is 2.5 of them). A fall is not asserted: shuffled advantages have
+"""How far the control may rise (two 192-episode estimates near 0.2: their difference has a standard
+deviation of about 0.041, so 0.15 is 3.6 of them). A fall is not asserted: shuffled advantages have
 zero mean but not zero noise, and the noise wears the output format down (measured: 0.20 -> 0.07
 over 17 versions); a control that fell would not make RL's rise any less real."""
 
@@ -52,11 +59,12 @@ def learned(module_settings, boxes_warm_start, tmp_path_factory):
     # one held-out point after RL; the control is measured from the real run's SFT point and given
     # half its updates (the least a fair control may have): the pair costs what the 3-minute pair did
     real = run_learning(settings, replace(controlled(f"ctl-{uuid.uuid4().hex[:6]}", out, warm_start=boxes_warm_start,
-                                                     target=TARGET, seed=SEED), rl_eval_points=1))
+                                                     target=TARGET, seed=SEED), rl_eval_points=1,
+                                        eval_episodes=EVAL_EPISODES))
     control = run_learning(settings, replace(
         controlled(f"{real.run_id}-shuffled", out, control="shuffled_rewards", warm_start=boxes_warm_start,
                    target=TARGET, seed=SEED, rl_updates=CONTROLLED_UPDATES // 2),
-        rl_eval_points=1, sft_measured_by=real.run_id))
+        rl_eval_points=1, eval_episodes=EVAL_EPISODES, sft_measured_by=real.run_id))
     return settings, real, control
 
 
