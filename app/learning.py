@@ -109,6 +109,9 @@ class LearningConfig:
     same tempered distribution, so RL stays on-policy."""
     workers: int = 2
     """Browsers in the pool of every stage."""
+    eval_workers: int | None = None
+    """Workers of the evaluations; None: `workers`. Evaluation episodes are independent, so where a
+    worker costs no browser (boxes) more of them batch more sampling (bench/RESULTS.md: 1.92x at 4)."""
     group_size: int = 4
     """Episodes per RL task group (GRPO's G)."""
     train: TrainConfig = RL_TRAIN
@@ -142,7 +145,7 @@ def controlled(run_id: str, out_dir: Path, rl_minutes: float = 10.0, control: st
     return LearningConfig(
         suite="boxes", difficulty=None, templates=(target,), demo_templates=("any",), demo_episodes=300,
         sft_epochs=4, sft_batch_steps=4, rl_minutes=rl_minutes, rl_updates=rl_updates, eval_episodes=96,
-        eval_split="test", temperature=1.0, workers=2, group_size=8, rl_eval_points=3, run_id=run_id,
+        eval_split="test", temperature=1.0, workers=2, eval_workers=4, group_size=8, rl_eval_points=3, run_id=run_id,
         out_dir=out_dir, warm_start=warm_start, curriculum=CurriculumConfig(enabled=False), seed=seed,
         malformed_reward=CONTROLLED_MALFORMED_REWARD, train=CONTROLLED_TRAIN.model_copy(update={"control": control}))
 
@@ -256,7 +259,8 @@ class _Evaluator:
         c, split = self.config, eval_split(self.config)
         self.say(f"evaluating the {stage} policy: {c.eval_episodes} episodes, {c.suite} {split} {c.difficulty or ''}")
         result: EvalResult = evaluate(self.settings, model_dir=model_dir, suite=c.suite, split=split,
-                                      difficulty=c.difficulty, episodes=c.eval_episodes, workers=c.workers,
+                                      difficulty=c.difficulty, episodes=c.eval_episodes,
+                                      workers=c.eval_workers or c.workers,
                                       temperature=c.temperature, run_id=f"{self.run_id}-eval-{stage}",
                                       templates=c.templates)
         point = CurvePoint(stage, version, result.episodes, result.successes, result.ci95, train_s, result.run_id)

@@ -10,8 +10,9 @@ the real broker and object store, the ledger, `GroupAssembler` and `trainer.adva
 PPO with multi-step GRPO under torchrun, `PolicyVersionPublished` and the pool's in-place refresh.
 The warm start clones demonstrations of "click any box", so on "click the red box" it is at chance
 (about 1/4, four boxes). RL must then raise held-out success (192 episodes a point) by at least 0.2
-absolute; the same run with each group's rewards shuffled must not rise. A sign, token-alignment, version or normaliser bug
-in the learning path makes the first fail (or the second, for a bug that learns from nothing).
+absolute; the same run with each group's rewards shuffled must not rise. A sign, token-alignment,
+version or normaliser bug in the learning path makes the first fail (or the second, for a bug that
+learns from nothing).
 Margins from repeated runs are in bench/RESULTS.md (`bench/controlled.py`).
 """
 
