@@ -38,8 +38,10 @@ def main(demos: str = "300,1200", epochs: int = 4) -> None:
             config = replace(controlled(run_id, d, target="colour"), demo_templates=(shown,), demo_episodes=n,
                              sft_epochs=epochs)
             model_dir, sft_s = warm_start(settings, config, run_id, LearningCurve(run_id), console.print)
-            result = evaluate(settings, model_dir=model_dir, suite="boxes", split="test", difficulty=None, episodes=96,
-                              workers=2, temperature=1.0, run_id=f"{run_id}-eval", templates=("colour",))
+            # the controlled configuration's own evaluation (its split, episodes, temperature, target)
+            result = evaluate(settings, model_dir=model_dir, suite=config.suite, split=config.eval_split,
+                              difficulty=config.difficulty, episodes=config.eval_episodes, workers=config.workers,
+                              temperature=config.temperature, run_id=f"{run_id}-eval", templates=config.templates)
             rows.append({"demonstrations": shown, "episodes": n, "epochs": epochs, "sft_s": sft_s,
                          "success": result.successes / result.episodes, "ci95": result.ci95,
                          "minutes": (time.monotonic() - t0) / 60})

@@ -42,5 +42,6 @@ def main(rounds: int = 3, objects: int = 40, pause: float = 5.0) -> None:
             remove_bucket(settings)
             time.sleep(pause)
 
+
 if __name__ == "__main__":
     typer.run(main)

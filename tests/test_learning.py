@@ -38,8 +38,8 @@ near 0.22 and 0.55 has a standard deviation of about 0.047: 0.2 is 4.3 of them a
 targets, bench/RESULTS.md). The bound was 0.4 at 96 episodes, set before the penalty; RL without the
 penalty rose faster but collapsed in 1 run of 12, and the bound failed a real rise of +0.36 (seed 988)."""
 EVAL_EPISODES = 192
-"""Held-out episodes a point (the benchmark's 96, doubled: the test's bound needs the precision, and
-an evaluation costs seconds on this task)."""
+"""Held-out episodes a point (the benchmark's 96, doubled: the test's bound needs the precision; each
+evaluation costs about a minute, three of them)."""
 FLAT = 0.15
 """How far the control may rise (two 192-episode estimates near 0.2: their difference has a standard
 deviation of about 0.041, so 0.15 is 3.6 of them). A fall is not asserted: shuffled advantages have
