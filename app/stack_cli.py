@@ -111,7 +111,7 @@ def ledger_compact(
     ledger_uri: str = LEDGER_URI,
 ) -> None:
     """Merge runs' small event files into large sorted ones (what the Dagster `compaction` asset does);
-    safe while writers and queries run."""
+    safe while writers, queries and other passes run."""
     from pipeline.ledger import compact_ledger
 
     settings = StackSettings().with_ledger(ledger_uri)
@@ -122,7 +122,8 @@ def ledger_compact(
             raise fail(f"no files of run {run!r} under {settings.ledger_uri} (`awrl runs` lists the runs)")
         for event_type, r in sorted(results.items()):
             console.print(f"{run} {event_type}: {r.files_before} -> {r.files_after} files ({r.rows:,} rows merged, "
-                          f"{r.deleted} superseded files deleted)")
+                          f"{r.deleted} superseded files deleted)"
+                          + (" - another pass merged these files first; this one gave way" if r.yielded else ""))
 
 
 def health(

@@ -4,6 +4,10 @@ Materialised with the tables (the sensor requests every asset of a run whose fil
 run's thousands of one-flush files are merged into large sorted ones while it runs. A pass leaves
 files younger than a minute and the writer's journaled files alone, and deletes superseded files a
 minute after the switch, so queries running meanwhile still see every row once.
+
+Passes that overlap (two sensor runs, or `awrl ledger compact` beside Dagster) leave every row once:
+the first to commit wins (`pipeline.compaction`). The pool `ledger_compaction` (limit 1 in
+`dagster.yaml`) keeps Dagster's own passes from overlapping, so none wastes its work.
 """
 
 import dagster as dg
@@ -14,7 +18,10 @@ from assets.tables import runs
 from pipeline.ledger import compact_ledger
 
 
-@dg.asset(partitions_def=runs)
+POOL = "ledger_compaction"
+
+
+@dg.asset(partitions_def=runs, pool=POOL)
 def compaction(context: dg.AssetExecutionContext, ledger: Ledger) -> dg.Output[pa.Table]:
     """One compaction pass over the run's event files: per event type, files before and after, rows
     merged and superseded files deleted."""
@@ -29,4 +36,5 @@ def compaction(context: dg.AssetExecutionContext, ledger: Ledger) -> dg.Output[p
         "files_before": sum(r.files_before for r in results.values()),
         "files_after": sum(r.files_after for r in results.values()),
         "rows_merged": sum(r.rows for r in results.values()),
+        "passes_yielded": sum(r.yielded for r in results.values()),
     })

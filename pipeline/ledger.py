@@ -105,8 +105,8 @@ def list_parquet(fs: pafs.FileSystem, root: str) -> list[str]:
     except FileNotFoundError:
         return []
     paths = {i.path for i in infos if i.type == pafs.FileType.File}
-    hidden, pending = manifest_rule(fs, paths)
-    return sorted(p for p in paths if p.endswith(".parquet") and p not in hidden and p not in pending)
+    hidden, invisible = manifest_rule(fs, paths)
+    return sorted(p for p in paths if p.endswith(".parquet") and p not in hidden and p not in invisible)
 
 
 def read_events(settings: StackSettings, run_id: str, event_type: str, columns: list[str] | None = None) -> pa.Table:
