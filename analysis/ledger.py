@@ -55,19 +55,22 @@ def sql(name: str) -> str:
     return (SQL_DIR / f"{name}.sql").read_text()
 
 
-def connect(source: Source, *, read_only: bool = True) -> duckdb.DuckDBPyConnection:
+def connect(source: Source, *, run_id: str | None = None, read_only: bool = True) -> duckdb.DuckDBPyConnection:
     """An in-memory DuckDB with the ledger's views.
 
     `source` is a `StackSettings` (its `ledger_uri`, with its S3 credentials), an `s3://bucket/prefix`
-    URI (credentials from the environment / .env) or a local directory.
+    URI (credentials from the environment / .env) or a local directory. `run_id` scopes every view to
+    one run's files (the Dagster assets' partitions): the same views, listed and read for that run only.
 
     `read_only` locks the connection down once the views exist: no file outside the ledger can be
     read or written, no extension installed or loaded, no database attached, and no setting changed.
     (DuckDB must still be allowed to read the local ledger directory, which also lets a COPY write
     into it; `app.analysis_cli.check_read_only` refuses every statement that is not a query.)
     """
+    if run_id is not None and ("/" in run_id or run_id in ("", ".", "..")):
+        raise ValueError(f"not a run id: {run_id!r}")
     fs, root = _filesystem(source)
-    files = _files_by_type(fs, root)
+    files = _files_by_type(fs, root if run_id is None else f"{root}/run_id={run_id}")
     con = duckdb.connect(":memory:")
     for view, cls in RAW_VIEWS.items():
         _register_raw(con, view, arrow_schema(cls), fs, root, files.get(cls.__name__, []))
@@ -94,10 +97,10 @@ def _filesystem(source: Source) -> tuple[pafs.FileSystem, str]:
     return ledger_filesystem(source, create=False)
 
 
-def _files_by_type(fs: pafs.FileSystem, root: str) -> dict[str, list[str]]:
+def _files_by_type(fs: pafs.FileSystem, under: str) -> dict[str, list[str]]:
     """Parquet files per event type, from the `event_type=<Type>` directory of the Hive layout."""
     out: dict[str, list[str]] = defaultdict(list)
-    for path in list_parquet(fs, root):
+    for path in list_parquet(fs, under):
         for part in path.split("/"):
             if part.startswith("event_type="):
                 out[part.removeprefix("event_type=")].append(path)

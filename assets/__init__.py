@@ -11,14 +11,16 @@ from __future__ import annotations
 import dagster as dg
 
 from assets import maintenance, tables
+from assets.events import event_tables
 from assets.io import Ledger, ParquetIOManager
 from assets.sensors import ledger_sensor
 
 ledger = Ledger()
 all_assets = dg.load_assets_from_modules([tables, maintenance])
+"""What Dagster materializes; `event_tables` above them are the ledger writer's."""
 
 defs = dg.Definitions(
-    assets=all_assets,
+    assets=[*event_tables, *all_assets],
     sensors=[ledger_sensor],
     executor=dg.in_process_executor,
     resources={"ledger": ledger, "io_manager": ParquetIOManager(ledger=ledger)},

@@ -14,14 +14,14 @@ import dagster as dg
 import pyarrow as pa
 
 from assets.io import Ledger
-from assets.tables import runs
+from assets.partitions import runs
 from pipeline.ledger import compact_ledger
 
 
 POOL = "ledger_compaction"
 
 
-@dg.asset(partitions_def=runs, pool=POOL)
+@dg.asset(partitions_def=runs, pool=POOL, group_name="events", kinds={"parquet"})
 def compaction(context: dg.AssetExecutionContext, ledger: Ledger) -> dg.Output[pa.Table]:
     """One compaction pass over the run's event files: per event type, files before and after, rows
     merged and superseded files deleted."""

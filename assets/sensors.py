@@ -11,7 +11,7 @@ import json
 import dagster as dg
 
 from assets.io import Ledger
-from assets.tables import runs
+from assets.partitions import runs
 
 
 @dg.sensor(

@@ -9,18 +9,23 @@ import dagster as dg
 import pyarrow.parquet as pq
 import pytest
 
+from analysis.drift import drift_metrics
+from analysis.ledger import RAW_VIEWS, connect
 from assets import all_assets, defs
 from assets.io import Ledger, ParquetIOManager
 from assets.sensors import ledger_sensor
 from pipeline.ledger import LedgerWriter
 from pipeline.settings import StackSettings
-from schemas import BY_NAME, PolicyVersionPublished, RankMemory, UpdateApplied
+from schemas import BY_NAME, PolicyVersionPublished, RankMemory, UpdateApplied, arrow_schema
 from trainer.advantages import group_advantages, informative
 
 from samples import sample_group
 
 SHA = "ab" * 32
 RUN = "run-a"
+VIEW_ASSETS = {"steps": "trajectory_id, step", "trajectories": "started_at nulls last, trajectory_id",
+               "groups": "completed_at, group_id", "policy_versions": "version", "updates": "update_step"}
+"""The assets that are views of `analysis/sql/`, with the order each is written in."""
 ASSETS = ("compaction", "steps", "trajectories", "groups", "policy_versions", "updates", "throughput", "memory_drift",
           "learning_curve")
 pytestmark = pytest.mark.filterwarnings("ignore:InitResourceContext.dagster_run:DeprecationWarning")  # Dagster's own
@@ -56,12 +61,35 @@ def materialize_run(root: str, run_id: str = RUN) -> tuple[dg.ExecuteInProcessRe
     return result, instance
 
 
-def test_definitions_load():
+def test_definitions_load_with_the_events_at_the_top_of_the_graph():
     dg.Definitions.validate_loadable(defs)
     repo = defs.get_repository_def()
-    names = {k.to_user_string() for k in repo.asset_graph.get_all_asset_keys()}
-    assert names == set(ASSETS)
+    graph = repo.asset_graph
+    nodes = {k.to_user_string(): graph.get(k) for k in graph.get_all_asset_keys()}
+    assert set(nodes) == set(ASSETS) | set(RAW_VIEWS)
     assert repo.has_sensor_def("ledger_sensor")
+    for name in RAW_VIEWS:  # the writer's tables: shown with their columns, never materialized by Dagster
+        node = nodes[name]
+        assert not node.is_materializable and node.group_name == "events"
+        columns = [c.name for c in node.metadata["dagster/column_schema"].columns]
+        assert columns == arrow_schema(RAW_VIEWS[name]).names
+    for name in ASSETS:  # every table says what it reads: the graph starts at the events
+        node = nodes[name]
+        assert node.is_materializable and node.group_name in {"events", "trajectories", "training", "analysis"}
+        assert node.kinds and (node.parent_keys or name == "compaction"), name
+    roots = {n for n, node in nodes.items() if not node.parent_keys}
+    assert roots == set(RAW_VIEWS) | {"compaction"}
+
+
+def test_each_table_asset_is_its_view_row_for_row(run):
+    """One definition per table: the asset is the view of the same name (`analysis/sql/`), for the run."""
+    root, _, _ = run
+    con = connect(root)
+    for name, order in VIEW_ASSETS.items():
+        view = con.sql(f"select * from {name} where run_id = $run order by {order}", params={"run": RUN})
+        asset = _table(root, name)
+        assert asset.num_rows > 0 and asset.schema.names == view.columns, name
+        assert asset.to_pylist() == view.to_arrow_table().to_pylist(), name
 
 
 @pytest.fixture(scope="module")
@@ -87,7 +115,7 @@ def test_assets_materialize_with_row_counts(run):
         meta = result.asset_materializations_for_node(asset)[0].metadata
         assert meta["dagster/row_count"].value == rows, asset
     traj = _table(root, "trajectories").to_pylist()
-    assert sum(t["length"] for t in traj) == n_steps
+    assert sum(t["num_steps"] for t in traj) == n_steps
     assert {t["outcome"] for t in traj} <= {"success", "failure"}
     assert _table(root, "throughput").column("steps").to_pylist() == [n_steps]  # written within a minute
     (update,) = _table(root, "updates").to_pylist()
@@ -103,8 +131,6 @@ def test_assets_materialize_with_row_counts(run):
 
 
 def test_memory_drift_is_the_analysis_report(run):
-    from analysis.drift import drift_metrics
-    from analysis.ledger import connect
 
     root, events, _ = run
     (row,) = _table(root, "memory_drift").to_pylist()
@@ -155,7 +181,7 @@ def test_a_run_that_just_started_materializes(tmp_path):
     LedgerWriter(StackSettings(ledger_uri=root))._write("fresh", "EpisodeStarted", started)
     result, _ = materialize_run(root, "fresh")
     assert result.success
-    assert {t["outcome"] for t in _table(root, "trajectories", "fresh").to_pylist()} == {"running"}
+    assert {t["outcome"] for t in _table(root, "trajectories", "fresh").to_pylist()} == {None}  # running
     assert _table(root, "steps", "fresh").num_rows == 0 and _table(root, "groups", "fresh").num_rows == 0
 
 

@@ -107,7 +107,7 @@ def test_sensor_and_ui_materialize_a_run(dagster_dev):
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
         page = browser.new_page(viewport={"width": 1400, "height": 900})
-        page.goto(f"{base}/asset-groups/default/lineage")
+        page.goto(f"{base}/asset-groups")  # the global graph: every group, the events at the top
         materialize = page.get_by_role("button", name="Materialize all")
         materialize.wait_for(timeout=90_000)
         try:  # first visit of a fresh browser: a "join the community" dialog covers the page
@@ -133,10 +133,13 @@ def test_sensor_and_ui_materialize_a_run(dagster_dev):
         assert any(t["key"] == "dagster/sensor_name" for r in runs for t in r["tags"]), "sensor launched no run"
 
         page.reload()
-        page.get_by_text("100% filled").first.wait_for(timeout=60_000)
-        page.wait_for_timeout(1_000)
-        page.screenshot(path=str(tmp_path / "asset_graph.png"))
+        try:
+            # the global graph draws each group as one box: events -> trajectories, training -> analysis
+            page.get_by_text("analysis", exact=True).last.wait_for(timeout=60_000)
+            page.wait_for_timeout(2_000)
+        finally:  # the picture, also of a page that did not show what the test waited for
+            page.screenshot(path=str(tmp_path / "asset_graph.png"))
+            shutil.copy(tmp_path / "asset_graph.png", "/tmp/dagster_ui.png")
         browser.close()
-    shutil.copy(tmp_path / "asset_graph.png", "/tmp/dagster_ui.png")
     for asset in ASSETS:
         assert (ledger / "assets" / asset / f"run_id={RUN}" / "data.parquet").exists(), asset

@@ -1,5 +1,6 @@
 -- One row per published checkpoint, with its lineage (parent version, the updates that made it) and
--- the time since the previous one of the same run.
+-- the seconds since the previous one of the same run (a number, not an INTERVAL: Parquet has no
+-- interval type, and the Dagster asset `policy_versions`, this view's rows for one run, is Parquet).
 CREATE OR REPLACE VIEW policy_versions AS
 SELECT
     run_id,
@@ -11,6 +12,6 @@ SELECT
     checkpoint_sha256,
     publish_s,
     emitted_at AS published_at,
-    emitted_at - lag(emitted_at) OVER (PARTITION BY run_id ORDER BY version) AS since_previous,
+    epoch(emitted_at - lag(emitted_at) OVER (PARTITION BY run_id ORDER BY version)) AS seconds_since_previous,
     event_id
 FROM policy_version_published;

@@ -1,6 +1,15 @@
--- One row per trajectory: started, finished, or both (a running episode has no outcome yet).
--- `num_steps` is the finisher's count, else the steps recorded so far; policy versions are those
--- loaded at each step (StepRecorded.policy_version).
+-- One row per trajectory: started, finished, or both. This view is the one definition of the table:
+-- the Dagster asset `trajectories` is its rows for one run. Choices made once, here:
+-- - `outcome` is NULL while the episode runs (no EpisodeFinished yet): SQL's unknown, not a fourth
+--   outcome, so `count(outcome)` counts finished episodes and `WHERE outcome = ...` never matches one
+--   still running.
+-- - `num_steps` is the finisher's count, else the steps recorded so far (`steps_recorded` is always
+--   the latter).
+-- - `min_policy_version` / `max_policy_version` span the versions that acted in it: each step's
+--   `policy_version` (read before its tokens) and every token's version (a refresh can land during a
+--   step, so later tokens can be newer). Not EpisodeStarted.policy_version: it is read before the
+--   first step's refresh, so it can name a version that produced nothing (success_by_version.sql).
+--   NULL for an episode with no step (an env error opening the page).
 CREATE OR REPLACE VIEW trajectories AS
 WITH step_facts AS (
     SELECT
@@ -8,8 +17,9 @@ WITH step_facts AS (
         trajectory_id,
         count(*)                          AS steps_recorded,
         sum(len(token_policy_versions))   AS response_tokens,
-        min(policy_version)               AS min_policy_version,
-        max(policy_version)               AS max_policy_version,
+        least(min(policy_version), min(list_min(token_policy_versions)))    AS min_policy_version,
+        greatest(max(policy_version), max(list_max(token_policy_versions))) AS max_policy_version,
+        count(error_class)                AS step_errors,
         any_value(group_id)               AS group_id,
         any_value(task_id)                AS task_id
     FROM step_recorded
@@ -44,6 +54,7 @@ SELECT
     coalesce(e.num_steps, st.steps_recorded, 0)           AS num_steps,
     coalesce(st.steps_recorded, 0)                        AS steps_recorded,
     coalesce(st.response_tokens, 0)                       AS response_tokens,
+    coalesce(st.step_errors, 0)                           AS step_errors,
     st.min_policy_version,
     st.max_policy_version,
     CASE WHEN e.outcome = 'env_error' THEN e.reason END   AS env_error_reason,

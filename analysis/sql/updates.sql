@@ -1,4 +1,6 @@
--- One row per optimizer step (UpdateApplied). `clip_frac` is NULL when the loss did not report it.
+-- One row per optimizer step (UpdateApplied); the one definition of the table (the Dagster asset
+-- `updates` is its rows for one run). `clip_frac` is NULL when the loss did not report it; the memory
+-- columns are the largest rank's (NULL for events from before per-rank memory was recorded).
 CREATE OR REPLACE VIEW updates AS
 SELECT
     run_id,
@@ -17,6 +19,9 @@ SELECT
     wait_s,
     compute_s,
     world_size,
+    list_max(list_transform(memory, lambda m: m.peak_bytes)) AS peak_bytes_max_rank,
+    list_max(list_transform(memory, lambda m: m.params_bytes + m.grads_bytes + m.optimizer_bytes))
+                            AS state_bytes_max_rank,
     group_ids,
     trajectory_ids,
     config_json,
