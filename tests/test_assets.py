@@ -11,7 +11,7 @@ import pytest
 
 from analysis.drift import drift_metrics
 from analysis.ledger import RAW_VIEWS, connect
-from assets import all_assets, defs
+from assets import all_assets, all_checks, defs
 from assets.io import Ledger, ParquetIOManager
 from assets.sensors import ledger_sensor
 from pipeline.ledger import LedgerWriter
@@ -52,13 +52,19 @@ def write_sample_run(root: str, run_id: str = RUN, groups: int = 2) -> dict[str,
     return by_type
 
 
-def materialize_run(root: str, run_id: str = RUN) -> tuple[dg.ExecuteInProcessResult, dg.DagsterInstance]:
+def materialize_run(root: str, run_id: str = RUN, raise_on_error: bool = True, selection=None
+                    ) -> tuple[dg.ExecuteInProcessResult, dg.DagsterInstance]:
     instance = dg.DagsterInstance.ephemeral()
     instance.add_dynamic_partitions("runs", [run_id])
     ledger = Ledger(ledger_uri=root)
-    result = dg.materialize(all_assets, partition_key=run_id, instance=instance,
-                            resources={"ledger": ledger, "io_manager": ParquetIOManager(ledger=ledger)})
+    result = dg.materialize([*all_assets, *all_checks], partition_key=run_id, instance=instance,
+                            resources={"ledger": ledger, "io_manager": ParquetIOManager(ledger=ledger)},
+                            raise_on_error=raise_on_error, selection=selection)
     return result, instance
+
+
+def check_results(result: dg.ExecuteInProcessResult) -> dict[str, bool]:
+    return {e.check_name: e.passed for e in result.get_asset_check_evaluations()}
 
 
 def test_definitions_load_with_the_events_at_the_top_of_the_graph():
@@ -128,6 +134,58 @@ def test_assets_materialize_with_row_counts(run):
                         ("learning_curve", "success_by_version_curve")):
         png = result.asset_materializations_for_node(asset)[0].metadata[plot].value
         assert "](data:image/png;base64," in png, asset
+
+
+def test_every_check_passes_on_a_sound_run(run):
+    _, _, result = run
+    checks = check_results(result)
+    assert len(checks) == sum(len(c.check_keys) for c in all_checks) == 8
+    assert all(checks.values()), checks
+
+
+def _planted(tmp_path, plant, assets: list[str]) -> tuple[dict[str, bool], set[str]]:
+    """A sound sample run with one violation planted by `plant(events_by_type, writer)`; the checks'
+    results and which of `assets` (with their checks) materialized."""
+    root = str(tmp_path / "ledger")
+    events = write_sample_run(root)
+    plant(events, LedgerWriter(StackSettings(ledger_uri=root)))
+    result, _ = materialize_run(root, raise_on_error=False, selection=assets)
+    done = {e.asset_key.to_user_string() for e in result.get_asset_materialization_events()}
+    return check_results(result), done
+
+
+def test_a_duplicated_event_fails_its_check_and_blocks_what_reads_it(tmp_path):
+    checks, done = _planted(tmp_path, lambda ev, w: w._write(RUN, "StepRecorded", ev["StepRecorded"][:1]),
+                            ["steps", "trajectories", "throughput", "memory_drift"])
+    assert checks["steps_event_id_unique"] is False and checks["trajectories_one_row_each"] is True
+    assert {"steps", "trajectories"} <= done and not done & {"throughput", "memory_drift"}  # blocked downstream
+
+
+def test_a_lost_step_fails_the_numbering_check(tmp_path):
+    def plant(ev, w):  # the ledger holds step 1 of a trajectory without its step 0: rewrite the run
+        import shutil
+
+        shutil.rmtree(os.path.join(w.root, f"run_id={RUN}", "event_type=StepRecorded"))
+        first = ev["StepRecorded"][0]
+        w._write(RUN, "StepRecorded", [e for e in ev["StepRecorded"]
+                                       if not (e.trajectory_id == first.trajectory_id and e.step == 0)])
+
+    checks, _ = _planted(tmp_path, plant, ["steps"])
+    assert checks["steps_numbered_without_gaps"] is False and checks["steps_event_id_unique"] is True
+
+
+def test_a_broken_version_lineage_fails_its_check(tmp_path):
+    gap = PolicyVersionPublished(run_id=RUN, version=2, checkpoint_uri="s3://awrl/ckpt/3", checkpoint_sha256=SHA,
+                                 update_step=1, parent_version=0)  # 2 trained from 0: 1 is not its parent
+    checks, _ = _planted(tmp_path, lambda ev, w: w._write(RUN, "PolicyVersionPublished", [gap]), ["policy_versions"])
+    assert checks["policy_versions_contiguous"] is False
+
+
+def test_advantages_that_do_not_sum_to_zero_fail_their_check(tmp_path, monkeypatch):
+    """An estimator that forgets to subtract the group mean (planted in the function the view calls)."""
+    monkeypatch.setattr("analysis.ledger.group_advantages", lambda rewards: [float(r) for r in rewards])
+    checks, _ = _planted(tmp_path, lambda ev, w: None, ["groups"])
+    assert checks["group_advantages_sum_to_zero"] is False and checks["groups_event_id_unique"] is True
 
 
 def test_memory_drift_is_the_analysis_report(run):
