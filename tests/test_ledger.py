@@ -9,6 +9,8 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
+from pathlib import Path
 
 import pyarrow.dataset as ds
 import pytest
@@ -140,11 +142,7 @@ def test_two_writers_share_the_log_and_one_sigkilled_mid_file_loses_and_duplicat
     deadline = time.monotonic() + 120
     while set(ledger_ids(settings)) != set(produced) and time.monotonic() < deadline:
         time.sleep(0.5)
-    writers[1].terminate()
-    try:
-        writers[1].wait(timeout=30)
-    finally:  # a writer that will not stop must not outlive its test (it spun a core for 25 min once)
-        writers[1].kill()
+    _stop(writers[1])
     ids = ledger_ids(settings)
     row = account("2 ledger writers, one SIGKILLed mid-file", produced, settings,
                   note="the survivor took over its partitions; its journal entries named what was written")
@@ -153,6 +151,33 @@ def test_two_writers_share_the_log_and_one_sigkilled_mid_file_loses_and_duplicat
     assert row.lost == 0 and row.duplicated == 0
     journal = list((tmp_path / "ledger" / "_journal").rglob("*.json"))
     assert len(journal) <= 13  # one entry per partition the writers used (4 + 8 + 1), not one per flush
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """SIGTERM, then SIGKILL after 30 s: a writer that will not stop must not outlive its test (it spun a
+    core for 25 min once). The data is what the tests assert; a writer that outlived SIGTERM (seen twice
+    in ~40 runs, not reproduced on demand) is reported with its kernel-side state, for the next look."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=30)
+        return
+    except subprocess.TimeoutExpired:
+        state = _proc_state(proc.pid)
+        proc.kill()
+        proc.wait()
+    warnings.warn(f"ledger writer {proc.pid} still running 30 s after SIGTERM (killed): {state}", stacklevel=2)
+
+
+def _proc_state(pid: int) -> str:
+    try:
+        status = Path(f"/proc/{pid}/status").read_text().splitlines()
+        keep = [line for line in status if line.split(":")[0] in
+                {"State", "Threads", "SigPnd", "ShdPnd", "SigBlk", "SigIgn", "SigCgt"}]
+        tasks = sorted(Path(f"/proc/{pid}/task").iterdir())
+        threads = [t.joinpath("stat").read_text().rsplit(")", 1)[1].split()[0] for t in tasks]
+        return "; ".join(keep) + f"; thread states {''.join(threads)}; wchan {Path(f'/proc/{pid}/wchan').read_text()}"
+    except OSError as exc:
+        return f"unreadable ({exc})"
 
 
 class _SlowFirstWrite(LedgerWriter):
