@@ -23,28 +23,21 @@ def _unique(table: pa.Table, key: str) -> dg.AssetCheckResult:
     return _result(bad, f"{key} unique")
 
 
-@dg.asset_check(asset=steps, blocking=True)
-def steps_event_id_unique(steps: pa.Table) -> dg.AssetCheckResult:
-    """Every step event once: the ledger dedupes by `event_id`, so a duplicate means a broken writer."""
-    return _unique(steps, "event_id")
+def _event_id_unique(asset: dg.AssetsDefinition, why: str) -> dg.AssetChecksDefinition:
+    @dg.asset_check(asset=asset, name=f"{asset.key.to_user_string()}_event_id_unique", blocking=True, description=why)
+    def check(table: pa.Table) -> dg.AssetCheckResult:
+        return _unique(table, "event_id")
+
+    return check
 
 
-@dg.asset_check(asset=groups, blocking=True)
-def groups_event_id_unique(groups: pa.Table) -> dg.AssetCheckResult:
-    """Every group once: a group counted twice would be trained twice."""
-    return _unique(groups, "event_id")
-
-
-@dg.asset_check(asset=updates, blocking=True)
-def updates_event_id_unique(updates: pa.Table) -> dg.AssetCheckResult:
-    """Every optimizer step once."""
-    return _unique(updates, "event_id")
-
-
-@dg.asset_check(asset=policy_versions, blocking=True)
-def policy_versions_event_id_unique(policy_versions: pa.Table) -> dg.AssetCheckResult:
-    """Every published version once."""
-    return _unique(policy_versions, "event_id")
+event_ids_unique = [_event_id_unique(a, why) for a, why in (
+    (steps, "Every step event once: the ledger dedupes by `event_id`, so a duplicate means a broken writer."),
+    (groups, "Every group once: a group counted twice would be trained twice."),
+    (updates, "Every optimizer step once."),
+    (policy_versions, "Every published version once."),
+)]
+"""`event_id` unique in each table that carries it, one check per table."""
 
 
 @dg.asset_check(asset=trajectories, blocking=True)
