@@ -11,6 +11,9 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # Debian packages: the browser for the rollout pool, Ceph for the local S3 store.
 DEBS := chromium fonts-liberation radosgw ceph-mon ceph-osd
 PYTEST_ARGS ?=
+# Two xdist workers: half the suite waits on servers, browsers and subprocesses, so the second core is
+# otherwise idle (tests/conftest.py keeps each module, and the warm start's users, on one worker).
+XDIST := -n 2 --dist loadgroup
 DEMO_ARGS ?=
 
 .PHONY: setup system test test-fast demo bench clean vllm-env
@@ -40,10 +43,10 @@ vllm-env: $(VLLM_VENV)/.installed
 
 # The whole suite includes the live vLLM tests, so it builds the server's environment; demo does not.
 test: setup vllm-env
-	AWRL_VLLM_PYTHON=$(VLLM_VENV)/bin/python $(BIN)/python -m pytest -q -ra --durations=15 $(PYTEST_ARGS)
+	AWRL_VLLM_PYTHON=$(VLLM_VENV)/bin/python $(BIN)/python -m pytest -q -ra --durations=15 $(XDIST) $(PYTEST_ARGS)
 
 test-fast: setup
-	$(BIN)/python -m pytest -q -ra -m "not slow" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -ra -m "not slow" $(XDIST) $(PYTEST_ARGS)
 
 demo: setup
 	$(BIN)/awrl demo $(DEMO_ARGS)

@@ -63,12 +63,52 @@ def sites():
     suite.stop()
 
 
+WARM_START = "warm_start"
+"""The xdist group of the modules that use `boxes_warm_start`: one worker builds it, and runs them first
+(the learning test is the suite's long pole)."""
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """`make test` runs on two xdist workers (`--dist loadgroup`). A module's tests stay on one worker, so
+    its module fixtures (a recorded run several tests read) are built once; the warm start's users form
+    one group across modules, scheduled first. Before xdist's own hook, which reads the marks."""
+    warm = {item.module.__name__ for item in items if "boxes_warm_start" in item.fixturenames}
+    for item in items:
+        module = item.module.__name__
+        item.add_marker(pytest.mark.xdist_group(WARM_START if module in warm else module))
+    items.sort(key=lambda item: item.module.__name__ not in warm)
+
+
+_FAULT_ROWS: list = []
+"""The fault matrix's rows as reported (on xdist's controller, from the workers' reports)."""
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A fault test's accounting rows travel with its report, so the controller can print them."""
+    from dataclasses import asdict
+
+    from faults import TABLE
+
+    report = yield
+    while TABLE:
+        report.user_properties.append(("fault_row", asdict(TABLE.pop(0))))
+    return report
+
+
+def pytest_runtest_logreport(report):
+    from faults import Accounting
+
+    _FAULT_ROWS.extend(Accounting(**v) for k, v in report.user_properties if k == "fault_row")
+
+
 def pytest_terminal_summary(terminalreporter):
     """The fault matrix's accounting table, when fault tests ran."""
-    from faults import TABLE, markdown
+    from faults import markdown
 
-    if TABLE:
+    if _FAULT_ROWS:
         terminalreporter.write_sep("=", "fault matrix: events produced vs rows in the ledger")
-        terminalreporter.write_line(markdown(TABLE))
+        terminalreporter.write_line(markdown(_FAULT_ROWS))
         if path := os.environ.get("AWRL_FAULT_TABLE"):  # bench/faults.sh keeps it
-            Path(path).write_text(markdown(TABLE) + "\n")
+            Path(path).write_text(markdown(_FAULT_ROWS) + "\n")
