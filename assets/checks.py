@@ -5,10 +5,12 @@ fails, no asset downstream of its table materializes in that run, so a broken le
 curve or a drift report unnoticed. Each has a test that plants the violation (`tests/test_assets.py`).
 """
 
+from collections import Counter
+
 import dagster as dg
 import pyarrow as pa
 
-from assets.io import sql
+from assets.io import Ledger, sql
 from assets.tables import groups, policy_versions, steps, trajectories, updates
 
 
@@ -75,3 +77,46 @@ def group_advantages_sum_to_zero(groups: pa.Table) -> dg.AssetCheckResult:
                                                      groups.column("advantages").to_pylist(), strict=True)
            if a and abs(s := sum(a)) > 1e-6 * max(1, len(a))]
     return _result(bad, "sum(advantages) = 0 per group")
+
+
+@dg.asset_check(asset=steps, blocking=True)
+def token_versions_match_their_step(context: dg.AssetCheckExecutionContext, steps: pa.Table,
+                                    ledger: Ledger) -> dg.AssetCheckResult:
+    """Each step's tokens come from its own version or a later one that was published. A step names the
+    version its policy held when sampling began (`rollout.episode`); an in-place refresh can only move
+    the tokens after it forward, never back, so a token older than its step, or newer than any version
+    the run published, is a mislabelled token (the trainer would weigh it with the wrong staleness)."""
+    published = ledger.events(context.partition_key, "PolicyVersionPublished", ["version"]).column("version")
+    newest = max(published.to_pylist(), default=0)
+    bad = sql(f"""select trajectory_id, step, policy_version, min_token_version, max_token_version from s
+                  where min_token_version < policy_version or max_token_version > {int(newest)}
+                  order by trajectory_id, step""", s=steps).to_pylist()
+    return _result(bad, f"policy_version <= token versions <= {newest} (the newest published)")
+
+
+@dg.asset_check(asset=updates, blocking=True)
+def staleness_within_eta(updates: pa.Table) -> dg.AssetCheckResult:
+    """No optimizer step trained on a token more than its config's eta versions old: the bounded
+    staleness the admission rule (`trainer.staleness`) promises, checked on what was recorded."""
+    bad = sql("""select update_step, version_before, staleness_max, json_extract(config_json, '$.eta')::int as eta
+                 from u where staleness_max > json_extract(config_json, '$.eta')::int
+                 order by update_step""", u=updates).to_pylist()
+    return _result(bad, "stats.staleness_max <= config eta")
+
+
+@dg.asset_check(asset=steps)
+def dead_letters(context: dg.AssetCheckExecutionContext, ledger: Ledger) -> dg.AssetCheckResult:
+    """Messages the consumers refused (`pipeline.bus`: malformed, or on the wrong topic) that name this
+    run or no run at all, with their reasons: a warning, since nothing was lost (the topic keeps them),
+    but each is an event the tables above do not show. Read from the broker; with no broker to ask,
+    it says so and passes."""
+    from pipeline.bus import dead_letters as read_dead_letters
+
+    try:
+        letters = [d for d in read_dead_letters(ledger.settings()) if d.run_id in (context.partition_key, None)]
+    except Exception as exc:  # noqa: BLE001 - an offline ledger: no broker is not a data problem
+        return dg.AssetCheckResult(passed=True, metadata={"checked": False, "why": f"{type(exc).__name__}: {exc}"[:300]})
+    reasons = Counter(f"{d.source_topic}: {d.reason[:160]}" for d in letters)
+    return dg.AssetCheckResult(passed=not letters, severity=dg.AssetCheckSeverity.WARN,
+                               metadata={"checked": True, "dead_letters": len(letters),
+                                         "reasons": dg.MetadataValue.json(dict(reasons.most_common(10)))})

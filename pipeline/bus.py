@@ -355,6 +355,36 @@ def read_records(settings: StackSettings, topic: Topic, timeout_s: float = 30.0)
         kafka.close()
 
 
+@dataclass(frozen=True)
+class DeadLetter:
+    """One message the consumers refused, as the dead-letter topic keeps it."""
+
+    reason: str
+    source_topic: str
+    run_id: str | None
+    """The run the message names, where its JSON has a `run_id`; None when it cannot be read."""
+
+
+def dead_letters(settings: StackSettings, timeout_s: float = 10.0) -> list[DeadLetter]:
+    """Every message on the dead-letter topic, with the reason the consumer gave. A ConnectionError at
+    once when no broker listens (the client would retry for half a minute)."""
+    import json
+    import socket
+
+    host, _, port = settings.kafka_bootstrap.split(",")[0].rpartition(":")
+    socket.create_connection((host, int(port)), timeout=2).close()
+    out = []
+    for r in read_records(settings, DEAD_LETTER, timeout_s):
+        headers = {k: v.decode(errors="replace") for k, v in r.headers or []}
+        try:
+            run_id = json.loads(r.value or b"").get("run_id")
+        except (ValueError, AttributeError):
+            run_id = None
+        out.append(DeadLetter(headers.get("reason", "?"), headers.get("source_topic", "?"),
+                              run_id if isinstance(run_id, str) else None))
+    return out
+
+
 def _at_end(kafka: KafkaConsumer, tp: TopicPartition) -> bool:
     highwater = kafka.highwater(tp)  # None until a fetch for `tp` has come back
     return highwater is not None and kafka.position(tp) >= highwater

@@ -4,6 +4,7 @@ written by the ledger writer, and the `groups` advantages are the trainer's adva
 from __future__ import annotations
 
 import os
+import time
 
 import dagster as dg
 import pyarrow.parquet as pq
@@ -139,7 +140,7 @@ def test_assets_materialize_with_row_counts(run):
 def test_every_check_passes_on_a_sound_run(run):
     _, _, result = run
     checks = check_results(result)
-    assert len(checks) == sum(len(c.check_keys) for c in all_checks) == 8
+    assert len(checks) == sum(len(c.check_keys) for c in all_checks) == 11
     assert all(checks.values()), checks
 
 
@@ -186,6 +187,62 @@ def test_advantages_that_do_not_sum_to_zero_fail_their_check(tmp_path, monkeypat
     monkeypatch.setattr("analysis.ledger.group_advantages", lambda rewards: [float(r) for r in rewards])
     checks, _ = _planted(tmp_path, lambda ev, w: None, ["groups"])
     assert checks["group_advantages_sum_to_zero"] is False and checks["groups_event_id_unique"] is True
+
+
+@pytest.mark.parametrize("policy_version, tokens", [(1, 0), (0, 5)])  # older than its step; never published
+def test_a_mislabelled_token_version_fails_its_check(tmp_path, policy_version, tokens):
+    def plant(ev, w):
+        import shutil
+
+        shutil.rmtree(os.path.join(w.root, f"run_id={RUN}", "event_type=StepRecorded"))
+        first, *rest = ev["StepRecorded"]
+        wrong = first.model_copy(update={"policy_version": policy_version,
+                                         "token_policy_versions": [tokens] * len(first.token_policy_versions)})
+        w._write(RUN, "StepRecorded", [wrong, *rest])
+
+    checks, done = _planted(tmp_path, plant, ["steps", "throughput"])
+    assert checks["token_versions_match_their_step"] is False and checks["steps_event_id_unique"] is True
+    assert "throughput" not in done  # blocking
+
+
+def test_staleness_beyond_eta_fails_its_check(tmp_path):
+    def plant(ev, w):
+        (u,) = ev["UpdateApplied"]
+        w._write(RUN, "UpdateApplied", [u.model_copy(update={
+            "event_id": f"{u.event_id}-2", "update_step": 1, "config_json": '{"eta": 2}',
+            "stats": {**u.stats, "staleness_max": 3.0}})])
+
+    checks, _ = _planted(tmp_path, plant, ["updates"])
+    assert checks["staleness_within_eta"] is False and checks["updates_event_id_unique"] is True
+
+
+def test_dead_letters_of_the_run_warn_with_their_reasons(settings, tmp_path, monkeypatch):
+    """A real broker: a malformed message naming the run goes to the dead-letter topic through the
+    consumer, as in production; the check then warns (it blocks nothing: the letter is kept)."""
+    from pipeline.bus import EventConsumer, EventProducer, create_topics
+    from pipeline.topics import ROLLOUT
+
+    create_topics(settings)
+    for key, value in settings.environ().items():
+        monkeypatch.setenv(key, value)
+    root = str(tmp_path / "ledger")
+    write_sample_run(root)
+    clean, _ = materialize_run(root, raise_on_error=False, selection=["steps"])
+    assert check_results(clean)["dead_letters"] is True
+
+    producer = EventProducer(settings)
+    producer.send_raw(ROLLOUT, f'{{"event_type": "StepRecorded", "run_id": "{RUN}"}}'.encode(), b"k").get(timeout=10)
+    consumer = EventConsumer(settings, "dlq-check", [ROLLOUT], producer)
+    deadline = time.monotonic() + 30
+    while consumer.dead_lettered < 1 and time.monotonic() < deadline:
+        consumer.poll(timeout_ms=300)
+    consumer.close()
+    result, _ = materialize_run(root, raise_on_error=False, selection=["steps", "trajectories", "throughput"])
+    (evaluation,) = [e for e in result.get_asset_check_evaluations() if e.check_name == "dead_letters"]
+    assert evaluation.passed is False and evaluation.severity == dg.AssetCheckSeverity.WARN
+    assert evaluation.metadata["dead_letters"].value == 1
+    assert "invalid event" in next(iter(evaluation.metadata["reasons"].value))
+    assert {"steps", "throughput"} <= {e.asset_key.to_user_string() for e in result.get_asset_materialization_events()}
 
 
 def test_memory_drift_is_the_analysis_report(run):

@@ -7,7 +7,7 @@ from collections import defaultdict
 
 from kafka import KafkaConsumer
 
-from pipeline.bus import EventConsumer, EventProducer, read_log, topic_name
+from pipeline.bus import EventConsumer, EventProducer, dead_letters, read_log, topic_name
 from pipeline.topics import DEAD_LETTER, ROLLOUT, TRAINER
 from schemas import EpisodeFinished
 
@@ -92,6 +92,11 @@ def test_bad_messages_go_to_dead_letter_with_reason_and_consumer_goes_on(setting
     assert "does not belong on topic 'trainer'" in reasons[good.model_dump_json().encode()]
     assert "reward" in reasons[bad[4]]
     assert all(dict(r.headers)["source_offset"] for r in records)
+    # what the Dagster check reads: each letter's reason, source topic and the run it names, if any
+    letters = dead_letters(settings)
+    assert len(letters) == len(bad) + 1 and sum(d.run_id == "r" for d in letters) == 3  # bad[1], bad[4], good
+    assert {d.source_topic for d in letters} == {topic_name(settings, ROLLOUT), topic_name(settings, TRAINER)}
+    assert sum("does not belong on topic" in d.reason for d in letters) == 1
 
 
 def test_read_log_reaches_the_end_of_a_final_multi_record_batch(settings):
