@@ -13,7 +13,7 @@ DEBS := chromium fonts-liberation radosgw ceph-mon ceph-osd
 PYTEST_ARGS ?=
 # Two xdist workers: half the suite waits on servers, browsers and subprocesses, so the second core is
 # otherwise idle (tests/conftest.py keeps each module, and the warm start's users, on one worker).
-XDIST := -n 2 --dist loadgroup
+XDIST := -n 2 --dist loadscope --no-loadscope-reorder
 DEMO_ARGS ?=
 
 .PHONY: setup system test test-fast demo bench clean vllm-env

@@ -103,6 +103,22 @@ class RunLedger:
     def _events(self, event_type: str) -> list:
         return table_to_events(read_events(self.settings, self.run_id, event_type), BY_NAME[event_type])
 
+    def unreplayable(self) -> str | None:
+        """Why this run cannot be replayed from its stores (no updates, a version's checkpoint not
+        stored, the store unreachable), or None: asked before any model is loaded."""
+        if not self.updates:
+            return "the run recorded no updates"
+        for v in sorted({u.version_before for u in self.updates} | {0}):  # 0: the KL reference
+            if v not in self._versions:
+                return f"version {v} was never published"
+            try:
+                stored = self.checkpoints.exists(self.run_id, v)
+            except Exception as exc:  # noqa: BLE001 - any failure to read the store is the answer
+                return f"the object store cannot be read ({type(exc).__name__})"
+            if not stored:
+                return f"version {v}'s checkpoint is not in the object store ({self._versions[v].checkpoint_uri})"
+        return None
+
     def batches(self, updates: range | None = None) -> list[list[UpdateApplied]]:
         """Recorded updates grouped by batch (`version_before`), optionally only steps in `updates`."""
         by_version: dict[int, list[UpdateApplied]] = defaultdict(list)
@@ -165,6 +181,39 @@ def with_overrides(config: TrainConfig, overrides: dict[str, object]) -> TrainCo
             raise KeyError(f"no config field {key!r}")
         node[leaf] = value
     return TrainConfig.model_validate(doc)
+
+
+def parse_overrides(variant: str | None, sets: list[str]) -> dict[str, object]:
+    """A named variant's overrides plus `KEY=VALUE` items (JSON values, else strings), checked against
+    the config before any model is loaded: what `awrl replay` and the `replay` asset both take."""
+    if variant and variant not in VARIANTS:
+        raise ValueError(f"unknown variant {variant!r}; known: {', '.join(VARIANTS)}")
+    overrides: dict[str, object] = dict(VARIANTS[variant]) if variant else {}
+    for item in sets:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--set takes KEY=VALUE (e.g. grpo.k=5), not {item!r}")
+        try:
+            overrides[key] = json.loads(value)
+        except json.JSONDecodeError:
+            overrides[key] = value
+    try:
+        with_overrides(TrainConfig(run_id="-"), overrides)
+    except (KeyError, ValueError) as exc:
+        raise ValueError(" ".join(str(exc).split())) from None
+    return overrides
+
+
+def update_range(text: str) -> range:
+    """`A..B` (inclusive) or `A`: the update steps to replay."""
+    a, sep, b = text.partition("..")
+    try:
+        first, last = int(a), int(b) if sep else int(a)
+    except ValueError:
+        raise ValueError(f"--updates takes A..B or A (update steps, e.g. 3..7), not {text!r}") from None
+    if last < first:
+        raise ValueError(f"--updates {text}: the range is empty")
+    return range(first, last + 1)
 
 
 def replay_batch(ledger: RunLedger, recorded: list[UpdateApplied], overrides: dict[str, object] | None = None

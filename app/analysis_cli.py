@@ -12,7 +12,6 @@ checks first that the ledger holds it (`analysis.runs.require_run`: exit 2 on a 
 
 from __future__ import annotations
 
-import json as jsonlib
 import re
 from dataclasses import asdict
 from pathlib import Path
@@ -254,27 +253,15 @@ def replay(
     Exit 1 when a replay of the recorded config is not bit-exact."""
     from rich.progress import Progress
 
-    from analysis.replay import VARIANTS, with_overrides, write_report
+    from analysis.replay import parse_overrides, update_range, write_report
     from analysis.replay import replay as run
     from pipeline.settings import StackSettings
-    from trainer.config import TrainConfig
 
-    if variant and variant not in VARIANTS:
-        raise fail(f"unknown variant {variant!r}; known: {', '.join(VARIANTS)}")
-    overrides: dict[str, object] = dict(VARIANTS[variant]) if variant else {}
-    for item in set_:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise fail(f"--set takes KEY=VALUE (e.g. grpo.k=5), not {item!r}")
-        try:
-            overrides[key] = jsonlib.loads(value)
-        except jsonlib.JSONDecodeError:
-            overrides[key] = value
-    selection = _update_range(updates) if updates else None
     try:
-        with_overrides(TrainConfig(run_id="-"), overrides)  # fail fast, before any model is loaded
+        overrides = parse_overrides(variant, set_)  # fail fast, before any model is loaded
+        selection = update_range(updates) if updates else None
     except (KeyError, ValueError) as exc:
-        raise fail(" ".join(str(exc).split())) from None
+        raise fail(str(exc)) from None
     connect_ledger(ledger, run_id).close()
     with Progress(console=console, transient=True,
                   disable=format is not Format.table or not console.is_terminal) as progress:
@@ -303,17 +290,6 @@ def replay(
     inexact = sum(not b.exact for b in results)
     if inexact:
         raise fail(f"{inexact} of {len(results)} batches did not replay bit-exactly (see {path})", NO)
-
-
-def _update_range(text: str) -> range:
-    a, sep, b = text.partition("..")
-    try:
-        first, last = int(a), int(b) if sep else int(a)
-    except ValueError:
-        raise fail(f"--updates takes A..B or A (update steps, e.g. 3..7), not {text!r}") from None
-    if last < first:
-        raise fail(f"--updates {text}: the range is empty")
-    return range(first, last + 1)
 
 
 def register(app: typer.Typer) -> None:

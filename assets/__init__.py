@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dagster as dg
 
-from assets import checks, maintenance, tables
+from assets import checks, maintenance, replay, tables
 from assets.events import event_tables
 from assets.io import Ledger, ParquetIOManager
 from assets.sensors import ledger_sensor
@@ -20,10 +20,12 @@ all_assets = dg.load_assets_from_modules([tables, maintenance])
 """What Dagster materializes; `event_tables` above them are the ledger writer's."""
 all_checks = dg.load_asset_checks_from_modules([checks])
 """The checks that guard them (`assets.checks`), run with each materialization."""
+replay_assets = [replay.replay, replay.replay_bit_exact]
+"""Replay through a loss variant, launched by a person (`assets.replay`); the sensor leaves it alone."""
 
 defs = dg.Definitions(
-    assets=[*event_tables, *all_assets],
-    asset_checks=all_checks,
+    assets=[*event_tables, *all_assets, replay.replay],
+    asset_checks=[*all_checks, replay.replay_bit_exact],
     sensors=[ledger_sensor],
     executor=dg.in_process_executor,
     resources={"ledger": ledger, "io_manager": ParquetIOManager(ledger=ledger)},

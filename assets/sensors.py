@@ -15,7 +15,7 @@ from assets.partitions import runs
 
 
 @dg.sensor(
-    target=dg.AssetSelection.all(),
+    target=dg.AssetSelection.all() - dg.AssetSelection.assets("replay"),  # replay: launched by a person
     minimum_interval_seconds=30,
     default_status=dg.DefaultSensorStatus.RUNNING,
 )

@@ -63,21 +63,31 @@ def sites():
     suite.stop()
 
 
-WARM_START = "warm_start"
-"""The xdist group of the modules that use `boxes_warm_start`: one worker builds it, and runs them first
-(the learning test is the suite's long pole)."""
+WARM_MODULES = ("test_learning", "test_vllm_live", "test_readme")
+"""The modules that use `boxes_warm_start`: one xdist worker builds it and runs them, first (the
+learning test is the suite's long pole)."""
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
-    """`make test` runs on two xdist workers (`--dist loadgroup`). A module's tests stay on one worker, so
-    its module fixtures (a recorded run several tests read) are built once; the warm start's users form
-    one group across modules, scheduled first. Before xdist's own hook, which reads the marks."""
-    warm = {item.module.__name__ for item in items if "boxes_warm_start" in item.fixturenames}
-    for item in items:
-        module = item.module.__name__
-        item.add_marker(pytest.mark.xdist_group(WARM_START if module in warm else module))
-    items.sort(key=lambda item: item.module.__name__ not in warm)
+    """The warm start's users first; and a module that starts using the warm start must join them."""
+    users = {item.module.__name__ for item in items if "boxes_warm_start" in item.fixturenames}
+    assert users <= set(WARM_MODULES), f"add {sorted(users - set(WARM_MODULES))} to WARM_MODULES (tests/conftest.py)"
+    items.sort(key=lambda item: item.module.__name__ not in WARM_MODULES)
+
+
+@pytest.hookimpl(optionalhook=True)  # known only where xdist is loaded
+def pytest_xdist_make_scheduler(config, log):
+    """`make test` runs on two xdist workers. Whole modules go to one worker (their module fixtures, a
+    recorded run several tests read, are built once), and the warm start's modules go together."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class Modules(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return "warm start" if Path(module).stem in WARM_MODULES else module
+
+    return Modules(config, log)
 
 
 _FAULT_ROWS: list = []

@@ -73,14 +73,14 @@ def test_definitions_load_with_the_events_at_the_top_of_the_graph():
     repo = defs.get_repository_def()
     graph = repo.asset_graph
     nodes = {k.to_user_string(): graph.get(k) for k in graph.get_all_asset_keys()}
-    assert set(nodes) == set(ASSETS) | set(RAW_VIEWS)
+    assert set(nodes) == set(ASSETS) | set(RAW_VIEWS) | {"replay"}  # replay: launched by a person
     assert repo.has_sensor_def("ledger_sensor")
     for name in RAW_VIEWS:  # the writer's tables: shown with their columns, never materialized by Dagster
         node = nodes[name]
         assert not node.is_materializable and node.group_name == "events"
         columns = [c.name for c in node.metadata["dagster/column_schema"].columns]
         assert columns == arrow_schema(RAW_VIEWS[name]).names
-    for name in ASSETS:  # every table says what it reads: the graph starts at the events
+    for name in (*ASSETS, "replay"):  # every table says what it reads: the graph starts at the events
         node = nodes[name]
         assert node.is_materializable and node.group_name in {"events", "trajectories", "training", "analysis"}
         assert node.kinds and (node.parent_keys or name == "compaction"), name
@@ -243,6 +243,24 @@ def test_dead_letters_of_the_run_warn_with_their_reasons(settings, tmp_path, mon
     assert evaluation.metadata["dead_letters"].value == 1
     assert "invalid event" in next(iter(evaluation.metadata["reasons"].value))
     assert {"steps", "throughput"} <= {e.asset_key.to_user_string() for e in result.get_asset_materialization_events()}
+
+
+def test_replay_of_a_run_without_stored_checkpoints_says_why(tmp_path):
+    """The sample run's checkpoints are names only: "Materialize all" must not fail on its replay."""
+    from assets import replay_assets
+
+    root = str(tmp_path / "ledger")
+    write_sample_run(root)
+    instance = dg.DagsterInstance.ephemeral()
+    instance.add_dynamic_partitions("runs", [RUN])
+    ledger = Ledger(ledger_uri=root)
+    result = dg.materialize(replay_assets, partition_key=RUN, instance=instance,
+                            resources={"ledger": ledger, "io_manager": ParquetIOManager(ledger=ledger)})
+    (event,) = result.get_asset_materialization_events()
+    why = event.materialization.metadata["not_replayed"].value
+    assert ("object store" in why or "S3 credentials" in why) and event.materialization.metadata["dagster/row_count"].value == 0
+    (check,) = result.get_asset_check_evaluations()
+    assert check.passed is False and check.severity == dg.AssetCheckSeverity.WARN
 
 
 def test_memory_drift_is_the_analysis_report(run):

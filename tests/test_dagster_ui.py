@@ -7,6 +7,7 @@ waits for the run to succeed. A screenshot of the graph goes to the tmp dir and 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -52,20 +53,20 @@ def _wait(what: str, check, timeout: float, every: float = 2.0):
     raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
-@pytest.fixture()
-def dagster_dev(tmp_path):
-    """`dagster dev -m assets` on a free port; stopped with SIGINT (it ignores SIGTERM), then killed."""
-    ledger, home = tmp_path / "ledger", tmp_path / "home"
-    write_sample_run(str(ledger))
+@contextlib.contextmanager
+def dagster_dev_server(tmp_path: Path, env: dict[str, str]):
+    """`dagster dev -m assets` on a free port, with `env` (the ledger and stack settings, `AWRL_*`);
+    yields its URL. Stopped with SIGINT (it ignores SIGTERM), then its process group killed."""
+    home = tmp_path / "home"
     home.mkdir()
     (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
     base = f"http://127.0.0.1:{_free_port()}"
-    env = {**os.environ, "DAGSTER_HOME": str(home), "AWRL_LEDGER_URI": str(ledger)}
     log = open(tmp_path / "dagster_dev.log", "wb")
     started = time.monotonic()
     proc = subprocess.Popen(
         [str(Path(sys.executable).with_name("dagster")), "dev", "-m", "assets", "-h", "127.0.0.1",
-         "-p", base.rsplit(":", 1)[1]], cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
+         "-p", base.rsplit(":", 1)[1]], cwd=REPO, env={**os.environ, **env, "DAGSTER_HOME": str(home)},
+        stdout=log, stderr=subprocess.STDOUT,
         start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
     def up():
@@ -78,7 +79,7 @@ def dagster_dev(tmp_path):
     try:
         _wait("the webserver", up, timeout=180)
         print(f"dagster dev answered after {time.monotonic() - started:.1f} s")
-        yield base, tmp_path, ledger
+        yield base
     finally:
         stopping = time.monotonic()
         os.killpg(proc.pid, signal.SIGINT)
@@ -95,6 +96,49 @@ def dagster_dev(tmp_path):
         log.close()
 
 
+def open_ui(p, base: str, path: str):
+    """A Chromium page on the Dagster UI at `path`, past the first-visit dialog."""
+    browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
+    page = browser.new_page(viewport={"width": 1400, "height": 900})
+    page.goto(f"{base}{path}")
+    return browser, page
+
+
+def skip_welcome(page):
+    try:  # first visit of a fresh browser: a "join the community" dialog covers the page
+        page.get_by_role("button", name="Skip").click(timeout=5_000)
+    except Exception:
+        pass
+
+
+def launch_all_partitions(page, button: str):
+    """Click `button` (Materialize ...), pick every partition, launch: as a person does."""
+    materialize = page.get_by_role("button", name=button)
+    materialize.wait_for(timeout=90_000)
+    skip_welcome(page)
+    materialize.click()
+    dialog = page.get_by_role("dialog")
+    dialog.get_by_role("button", name="All", exact=True).click()
+    dialog.get_by_role("button", name="Launch 1 run").click()
+    dialog.wait_for(state="hidden", timeout=30_000)
+
+
+def finished_runs(base: str):
+    """Every run, once all have ended and one was launched from the UI (not by the sensor)."""
+    runs = _graphql(base, RUNS)["runsOrError"]["results"]
+    ui = [r for r in runs if not any(t["key"] == "dagster/sensor_name" for t in r["tags"])]
+    done = all(r["status"] in ("SUCCESS", "FAILURE", "CANCELED") for r in runs)
+    return runs if ui and done else None
+
+
+@pytest.fixture()
+def dagster_dev(tmp_path):
+    ledger = tmp_path / "ledger"
+    write_sample_run(str(ledger))
+    with dagster_dev_server(tmp_path, {"AWRL_LEDGER_URI": str(ledger)}) as base:
+        yield base, tmp_path, ledger
+
+
 def test_sensor_and_ui_materialize_a_run(dagster_dev):
     from playwright.sync_api import sync_playwright
 
@@ -105,29 +149,10 @@ def test_sensor_and_ui_materialize_a_run(dagster_dev):
     print(f"sensor added the partition after {time.monotonic() - t0:.1f} s")
 
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
-        page = browser.new_page(viewport={"width": 1400, "height": 900})
-        page.goto(f"{base}/asset-groups")  # the global graph: every group, the events at the top
-        materialize = page.get_by_role("button", name="Materialize all")
-        materialize.wait_for(timeout=90_000)
-        try:  # first visit of a fresh browser: a "join the community" dialog covers the page
-            page.get_by_role("button", name="Skip").click(timeout=5_000)
-        except Exception:
-            pass
-        materialize.click()
-        dialog = page.get_by_role("dialog")
-        dialog.get_by_role("button", name="All", exact=True).click()
-        dialog.get_by_role("button", name="Launch 1 run").click()
-        dialog.wait_for(state="hidden", timeout=30_000)
+        browser, page = open_ui(p, base, "/asset-groups")  # the global graph: every group, events at the top
+        launch_all_partitions(page, "Materialize all")
         print(f"run launched from the UI after {time.monotonic() - t0:.1f} s")
-
-        def finished_runs():
-            runs = _graphql(base, RUNS)["runsOrError"]["results"]
-            ui = [r for r in runs if not any(t["key"] == "dagster/sensor_name" for t in r["tags"])]
-            done = all(r["status"] in ("SUCCESS", "FAILURE", "CANCELED") for r in runs)
-            return runs if ui and done else None
-
-        runs = _wait("the launched runs to finish", finished_runs, timeout=180)
+        runs = _wait("the launched runs to finish", lambda: finished_runs(base), timeout=180)
         assert {r["status"] for r in runs} == {"SUCCESS"}, runs
         print(f"{len(runs)} runs succeeded after {time.monotonic() - t0:.1f} s")
         assert any(t["key"] == "dagster/sensor_name" for r in runs for t in r["tags"]), "sensor launched no run"

@@ -123,6 +123,66 @@ def test_replay_cli_writes_the_side_by_side_report(recorded, tmp_path):
     assert res.exit_code == 2 and "unknown variant" in res.output
 
 
+def _materialized(settings, run_id: str):
+    import pyarrow.parquet as pq
+
+    return pq.read_table(f"{settings.ledger_uri}/assets/replay/run_id={run_id}/data.parquet").to_pylist()
+
+
+@slow
+@pytest.mark.timeout(900)
+def test_the_replay_asset_puts_the_variant_beside_the_recording(recorded, monkeypatch):
+    import dagster as dg
+
+    from assets import replay_assets
+    from assets.io import Ledger, ParquetIOManager
+
+    settings, run_id = recorded
+    for key, value in settings.environ().items():
+        monkeypatch.setenv(key, value)
+    instance = dg.DagsterInstance.ephemeral()
+    instance.add_dynamic_partitions("runs", [run_id])
+    ledger = Ledger()
+    result = dg.materialize(replay_assets, partition_key=run_id, instance=instance,
+                            resources={"ledger": ledger, "io_manager": ParquetIOManager(ledger=ledger)},
+                            run_config={"ops": {"replay": {"config": {"variant": "per_trajectory", "updates": "1"}}}})
+    (row,) = _materialized(settings, run_id)
+    assert row["update_step"] == 1 and row["exact"] and row["loss_replayed"] == row["loss_recorded"]
+    variant = dict(row["stats_variant"])
+    assert variant["weight_mass_failure"] == pytest.approx(0.5) and row["kl_recorded_variant"] > 0  # as by hand above
+    assert [e.passed for e in result.get_asset_check_evaluations()] == [True]
+
+
+@slow
+@pytest.mark.timeout(600)
+def test_replay_launched_from_the_dagster_ui(recorded, tmp_path):
+    """A person opens the `replay` asset in `dagster dev`, clicks Materialize and launches it for the
+    run (the default config: the recorded config, every update); it replays bit for bit."""
+    import time
+
+    from playwright.sync_api import sync_playwright
+    from test_dagster_ui import _graphql, _wait, dagster_dev_server, finished_runs, launch_all_partitions, open_ui
+
+    settings, run_id = recorded
+    partitions = '{ assetNodeOrError(assetKey: {path: ["replay"]}) { ... on AssetNode { partitionKeys } } }'
+    with dagster_dev_server(tmp_path, settings.environ()) as base:
+        _wait("the sensor to add the run", lambda: _graphql(base, partitions)["assetNodeOrError"]["partitionKeys"], 90)
+        with sync_playwright() as p:
+            browser, page = open_ui(p, base, "/assets/replay")
+            try:
+                launch_all_partitions(page, "Materialize")
+                t0 = time.monotonic()
+                runs = _wait("the replay to finish", lambda: finished_runs(base), timeout=400)
+                print(f"replay launched from the UI, {len(runs)} runs done after {time.monotonic() - t0:.0f} s")
+                assert {r["status"] for r in runs} == {"SUCCESS"}, runs
+            finally:
+                page.screenshot(path=str(tmp_path / "replay_asset.png"))
+                browser.close()
+    rows = _materialized(settings, run_id)
+    assert [r["update_step"] for r in rows] == [0, 1] and all(r["exact"] for r in rows), rows
+    assert all(r["loss_variant"] is None for r in rows)
+
+
 @pytest.fixture(scope="module")
 def recorded_epochs(module_settings, tmp_path_factory):
     """Run `re-*`: 2 batches of 2 groups, 2 PPO epochs of 2 minibatches each (4 optimizer steps a version),
