@@ -39,21 +39,23 @@ class Ledger(dg.ConfigurableResource):
         """All events of one type in one run (`pipeline.ledger.read_events`)."""
         return read_events(self.settings(), run_id, event_type, columns)
 
-    def run_fingerprints(self) -> dict[str, str]:
-        """`{run_id: "<files>-<bytes>-<latest mtime>"}` over each run's event files (one listing).
+    def run_fingerprints(self) -> dict[str, dict[str, str]]:
+        """`{run_id: {event_type: "<files>-<bytes>-<latest mtime>"}}` over the event files (one listing).
 
-        Ledger files are immutable and only ever added, so the fingerprint changes exactly when new
-        events of that run became durable.
+        Ledger files are immutable and only ever added (compaction swaps many for one), so a
+        fingerprint changes exactly when that event type's files of that run changed.
         """
         fs, root = self.filesystem()
-        acc: dict[str, list[int]] = {}
+        acc: dict[str, dict[str, list[int]]] = {}
         for info in fs.get_file_info(pafs.FileSelector(root, recursive=True, allow_not_found=True)):
-            first = info.path[len(root):].lstrip("/").split("/", 1)[0]
-            if info.type != pafs.FileType.File or not first.startswith("run_id=") or not info.path.endswith(".parquet"):
+            parts = info.path[len(root):].lstrip("/").split("/")
+            if (info.type != pafs.FileType.File or len(parts) < 3 or not parts[0].startswith("run_id=")
+                    or not parts[1].startswith("event_type=") or not info.path.endswith(".parquet")):
                 continue
-            a = acc.setdefault(first.removeprefix("run_id="), [0, 0, 0])
+            run, event_type = parts[0].removeprefix("run_id="), parts[1].removeprefix("event_type=")
+            a = acc.setdefault(run, {}).setdefault(event_type, [0, 0, 0])
             a[0], a[1], a[2] = a[0] + 1, a[1] + (info.size or 0), max(a[2], info.mtime_ns or 0)
-        return {run: "-".join(map(str, a)) for run, a in sorted(acc.items())}
+        return {run: {t: "-".join(map(str, a)) for t, a in sorted(types.items())} for run, types in sorted(acc.items())}
 
 
 def sql(query: str, **tables: pa.Table) -> pa.Table:

@@ -281,29 +281,39 @@ def test_groups_advantages_match_the_trainer_function(run):
         assert row["informative"] == informative(done.rewards)
 
 
-def test_sensor_adds_runs_and_refreshes_changed_ones(tmp_path):
-    root = str(tmp_path)
+def test_sensor_refreshes_what_changed_at_most_every_interval(tmp_path, monkeypatch):
+    """New runs become partitions; a change refreshes only the assets that read the changed event type,
+    and not twice within `REFRESH_EVERY_S` (held back, not lost: the cursor keeps it pending)."""
+    from assets import sensors
+
+    root, clock = str(tmp_path), [1_000_000.0]
+    monkeypatch.setattr(sensors.time, "time", lambda: clock[0])
     write_sample_run(root, "run-b", groups=1)
     instance = dg.DagsterInstance.ephemeral()
-    ctx = dg.build_sensor_context(instance=instance, resources={"ledger": Ledger(ledger_uri=root)})
-    first = ledger_sensor(ctx)
-    assert first.dynamic_partitions_requests[0].partition_keys == ["run-b"]
-    assert [r.partition_key for r in first.run_requests] == ["run-b"]
 
+    def tick(cursor):
+        return ledger_sensor(dg.build_sensor_context(instance=instance, cursor=cursor, definitions=defs,
+                                                     resources={"ledger": Ledger(ledger_uri=root)}))
+
+    first = tick(None)
+    assert first.dynamic_partitions_requests[0].partition_keys == ["run-b"]
+    (request,) = first.run_requests
+    assert request.partition_key == "run-b" and {k.to_user_string() for k in request.asset_selection} == set(ASSETS)
     instance.add_dynamic_partitions("runs", ["run-b"])
-    ctx = dg.build_sensor_context(instance=instance, cursor=first.cursor,
-                                  resources={"ledger": Ledger(ledger_uri=root)})
-    idle = ledger_sensor(ctx)
+    idle = tick(first.cursor)
     assert idle.run_requests == [] and idle.dynamic_partitions_requests == []
 
     more = list(sample_group("run-b", "g9", [SHA], seed=9))
     LedgerWriter(StackSettings(ledger_uri=root))._write("run-b", "StepRecorded",
                                                         [e for e in more if type(e) is BY_NAME["StepRecorded"]])
-    ctx = dg.build_sensor_context(instance=instance, cursor=first.cursor,
-                                  resources={"ledger": Ledger(ledger_uri=root)})
-    again = ledger_sensor(ctx)
-    assert [r.partition_key for r in again.run_requests] == ["run-b"]
-    assert again.run_requests[0].run_key != first.run_requests[0].run_key
+    clock[0] += sensors.REFRESH_EVERY_S / 2
+    held = tick(first.cursor)
+    assert held.run_requests == [] and held.cursor == first.cursor  # too soon: still pending
+    clock[0] += sensors.REFRESH_EVERY_S / 2
+    (again,) = tick(held.cursor).run_requests
+    assert again.run_key != request.run_key
+    assert {k.to_user_string() for k in again.asset_selection} == {
+        "compaction", "steps", "trajectories", "throughput", "memory_drift", "learning_curve"}
 
 
 def test_a_run_that_just_started_materializes(tmp_path):
