@@ -16,7 +16,7 @@ from dagster import DagsterInstance, materialize
 
 from analysis import connect, drift_metrics
 from app.learning import LearningConfig, LearningCurve, run_learning
-from assets import all_assets, defs
+from assets import all_assets, all_checks, defs
 from pipeline.settings import StackSettings
 
 
@@ -39,6 +39,8 @@ class DemoSummary:
     generic_key_ratio: float | None
     length_downweight: float | None
     dagster_assets_materialized: int
+    dagster_checks_passed: str
+    """"passed/run", and the names of any that failed (`assets.checks`)."""
     curve_png: str
     seconds: float
 
@@ -53,7 +55,7 @@ def run_demo(settings: StackSettings, config: LearningConfig, say=print) -> Demo
                            {"r": curve.run_id}).fetchone()
     drift = drift_metrics(con, curve.run_id)
     say("materializing the Dagster assets of the RL run")
-    materialized = _materialize(curve.run_id)
+    materialized, checks = _materialize(curve.run_id)
     rl, sft = curve.rl, curve.sft
     return DemoSummary(
         run_id=curve.run_id, success_untrained=_rate(curve, "untrained"), success_after_sft=_rate(curve, "sft"),
@@ -63,6 +65,7 @@ def run_demo(settings: StackSettings, config: LearningConfig, say=print) -> Demo
         policy_version=rl.version, trainer_idle=rl.trainer_idle, staleness_mean=rl.staleness_mean,
         events_in_ledger=events, screenshots_stored=shots, generic_key_ratio=drift.generic_key_ratio,
         length_downweight=drift.length_downweight, dagster_assets_materialized=materialized,
+        dagster_checks_passed=checks,
         curve_png=str(config.out_dir / curve.run_id / "curve.png"), seconds=time.perf_counter() - start,
     )
 
@@ -72,14 +75,18 @@ def _rate(curve: LearningCurve, stage: str) -> str:
     return "-" if p is None else f"{p.rate:.2f} [{p.ci95[0]:.2f}, {p.ci95[1]:.2f}] n={p.episodes}"
 
 
-def _materialize(run_id: str) -> int:
-    """Materialize every asset for this run in-process, as `dagster dev` does on the sensor's request.
+def _materialize(run_id: str) -> tuple[int, str]:
+    """Materialize every asset for this run in-process, with its checks, as `dagster dev` does on the
+    sensor's request: (assets materialized, "passed/run" checks and the names of those that failed).
 
     The assets read the stack through `StackSettings()` (environment / `.env`), like `dagster dev`."""
 
     instance = DagsterInstance.ephemeral()
     instance.add_dynamic_partitions("runs", [run_id])
     quiet = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
-    result = materialize(all_assets, partition_key=run_id, instance=instance, resources=defs.resources,
-                         run_config=quiet)
-    return len(result.get_asset_materialization_events())
+    result = materialize([*all_assets, *all_checks], partition_key=run_id, instance=instance,
+                         resources=defs.resources, run_config=quiet, raise_on_error=False)
+    checks = result.get_asset_check_evaluations()
+    failed = sorted(c.check_name for c in checks if not c.passed)
+    passed = f"{len(checks) - len(failed)}/{len(checks)}" + (f" (failed: {', '.join(failed)})" if failed else "")
+    return len(result.get_asset_materialization_events()), passed

@@ -61,8 +61,10 @@ def test_readme_walk(boxes_warm_start, tmp_path):
     parts = re.split(r">>> block \d+\n", out.stdout)[1:]
     assert len(parts) == len(blocks)
     demo, runs, drift, queries, replay, show, down = parts
-    for row in ("success after sft", "success after rl", "events in ledger", "dagster assets materialized"):
+    for row in ("success after sft", "success after rl", "events in ledger", "dagster assets materialized",
+                "dagster checks passed"):
         assert row in demo, row
+    assert "failed:" not in demo, demo  # every asset check green on the demo's own run
     assert "demo" in runs and "boxes" in runs
     assert "generic key ratio" in drift and "keys per step slope" in drift
     for column in ("mean_keys", "trajectories", "keys_added", "values_changed"):
