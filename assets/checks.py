@@ -2,7 +2,9 @@
 
 Each check reads the materialized table of one run. Checks on training data are blocking: when one
 fails, no asset downstream of its table materializes in that run, so a broken ledger never reaches a
-curve or a drift report unnoticed. Each has a test that plants the violation (`tests/test_assets.py`).
+curve or a drift report unnoticed. One is a warning, not a guard: `dead_letters`, the messages the
+consumers refused, which lose nothing but are missing from the tables. Each check has a test that
+plants the violation (`tests/test_assets.py`).
 """
 
 from collections import Counter
