@@ -119,6 +119,7 @@ def main(minutes: float = 5.0, before: str = "bcc2bbb") -> None:
             create_topics(settings)
             copy = {**settings.environ(), "AWRL_LEDGER_URI": str(tmp_path / "ledger-now")}
             procs.append(subprocess.Popen([sys.executable, "-c", WRITER], cwd=HERE, env={**os.environ, **copy},
+                                          stdout=open(tmp_path / "writer.log", "wb"), stderr=subprocess.STDOUT,
                                           start_new_session=True))
             arms = {}
             for arm, src, env in (("before", Path(tree), settings.environ()), ("now", HERE, copy)):
