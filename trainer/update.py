@@ -159,7 +159,7 @@ def accumulate_gradients(scorer: Scorer, samples: list[StepSample], num_trajecto
     needed when `config.kl_coef` > 0; `after_backward`: called after each sample's backward."""
     if config.kl_coef and reference is None:
         raise ValueError("kl_coef > 0 needs the reference policy's log-probs (`Scorer.frozen`)")
-    out = []
+    live = []
     for i, (s, inputs) in enumerate(scorer.samples(samples)):
         n = len(s.response_token_ids)
         logprobs, entropy = score(scorer.model, inputs, n, scorer.suppress, config.temperature)  # [n], [n]
@@ -185,10 +185,26 @@ def accumulate_gradients(scorer: Scorer, samples: list[StepSample], num_trajecto
         if after_backward is not None:
             after_backward()
         if s.live:
-            lag = torch.tensor([version - v for v in s.token_policy_versions])
+            lag = torch.tensor([version - v for v in s.token_policy_versions], device=dev)
             tokens = dict(logprobs=logprobs, proximal=prox, behave=behave, advantages=advantages, mask=mask,
                           weights=w, success=success, entropy=entropy, reference=ref, lag=lag)
-            out.append(Scored(loss.item(), {k: v.detach().cpu() for k, v in tokens.items()}))
+            live.append((loss.detach(), {k: v.detach() for k, v in tokens.items()}))
+    return to_host(live)
+
+
+def to_host(live: list[tuple[torch.Tensor, dict[str, torch.Tensor]]]) -> list[Scored]:
+    """The samples' losses and per-token values moved to the host in one copy (one sync a step, not
+    one per sample and value): packed as float64, which holds float32, bool and small ints exactly."""
+    if not live:
+        return []
+    keys = list(live[0][1])
+    parts = [torch.stack([loss for loss, _ in live])] + [tokens[k] for _, tokens in live for k in keys]
+    flat = torch.cat([p.reshape(-1).double() for p in parts]).cpu()  # the one device-to-host copy
+    pieces = iter(flat.split([p.numel() for p in parts]))
+    losses = next(pieces).tolist()
+    out = []
+    for loss, (_, tokens) in zip(losses, live):
+        out.append(Scored(loss, {k: next(pieces).to(tokens[k].dtype).reshape(tokens[k].shape) for k in keys}))
     return out
 
 
@@ -241,21 +257,23 @@ def set_lr(optimizer, config: TrainConfig, update_step: int) -> float:
 
 
 def update_stats(tokens: dict[str, torch.Tensor], config: TrainConfig) -> dict[str, float]:
-    """Batch statistics from all ranks' per-token values (the issue's list, plus staleness)."""
+    """Batch statistics from all ranks' per-token values (the issue's list, plus staleness), computed
+    as tensors and read in one `tolist`."""
     if tokens["logprobs"].numel() == 0:
         return {"tokens": 0.0}
     lp, mask = tokens["logprobs"], tokens["mask"]
-    _, ppo = decoupled_ppo_objective(lp, tokens["proximal"], tokens["behave"], tokens["advantages"], mask, config.ppo)
-    success = tokens["success"]
-    lag = tokens["lag"].float()
-    kl = {"kl_ref": kl_to_reference(lp, tokens["reference"])[mask].mean().item()} if tokens["reference"].numel() else {}
-    return {
-        **ppo,
-        **kl,
-        "tokens": float(lp.numel()),
-        "entropy": tokens["entropy"].mean().item(),
-        "weight_mass_failure": tokens["weights"][~success].sum().item(),
-        "weight_mass_success": tokens["weights"][success].sum().item(),
-        "staleness_mean": lag.mean().item(),
-        "staleness_max": lag.max().item(),
-    }
+    _, stats = decoupled_ppo_objective(lp, tokens["proximal"], tokens["behave"], tokens["advantages"], mask,
+                                       config.ppo)
+    success, w, lag = tokens["success"], tokens["weights"], tokens["lag"].double()
+    if tokens["reference"].numel():
+        stats["kl_ref"] = torch.where(mask, kl_to_reference(lp, tokens["reference"]), 0.0).sum() / mask.sum().clamp(min=1)
+    stats.update(
+        tokens=torch.tensor(float(lp.numel())),
+        entropy=tokens["entropy"].mean(),
+        weight_mass_failure=torch.where(success, 0.0, w).sum(),
+        weight_mass_success=torch.where(success, w, 0.0).sum(),
+        staleness_mean=lag.mean(),
+        staleness_max=lag.max(),
+    )
+    values = torch.stack([v.double() for v in stats.values()]).tolist()
+    return dict(zip(stats, values))

@@ -37,8 +37,8 @@ def decoupled_ppo_objective(
     advantages: torch.Tensor,  # [T] the trajectory's advantage A_i on each of its tokens
     mask: torch.Tensor,  # [T] bool, True for real response tokens
     config: PPOConfig = PPOConfig(),
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """Per-token objective to maximise ([T], zero on dropped tokens) and detached statistics."""
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Per-token objective to maximise ([T], zero on dropped tokens) and detached statistics (0-d tensors)."""
     ratio = torch.exp(logprobs - proximal_logprobs.detach())  # [T]
     behave_weight = torch.exp(proximal_logprobs - behave_logprobs).detach()  # [T]
     keep = mask & (behave_weight <= config.behave_cap)  # [T]
@@ -48,14 +48,15 @@ def decoupled_ppo_objective(
     surrogate = torch.where(advantages < 0, torch.maximum(surrogate, config.dual_clip * advantages), surrogate)
     objective = torch.where(keep, behave_weight * surrogate, torch.zeros_like(surrogate))  # [T]
 
-    with torch.no_grad():
-        n = keep.sum().clamp(min=1)
-        log_ratio = (logprobs - proximal_logprobs)[keep]
+    with torch.no_grad():  # 0-d tensors, read once per optimizer step (no host sync here)
+        n = keep.sum().clamp(min=1)  # []
+        seen = mask.sum()  # []
+        log_ratio = torch.where(keep, logprobs - proximal_logprobs, torch.zeros_like(logprobs))  # [T]
         stats = {
-            "clip_frac": ((clipped < unclipped) & keep).sum().item() / n.item(),
-            "behave_weight_mean": behave_weight[mask].mean().item() if mask.any() else 0.0,
-            "behave_weight_max": behave_weight[mask].max().item() if mask.any() else 0.0,
-            "dropped_tokens": float((mask & ~keep).sum().item()),
-            "approx_kl": ((log_ratio.exp() - 1) - log_ratio).mean().item() if keep.any() else 0.0,
+            "clip_frac": ((clipped < unclipped) & keep).sum() / n,
+            "behave_weight_mean": torch.where(mask, behave_weight, 0.0).sum() / seen.clamp(min=1),
+            "behave_weight_max": torch.where(mask, behave_weight, 0.0).max() if mask.numel() else seen * 0.0,
+            "dropped_tokens": (mask & ~keep).sum().to(logprobs.dtype),
+            "approx_kl": ((log_ratio.exp() - 1) - log_ratio).sum() / n,  # 0 where no token is kept
         }
     return objective, stats

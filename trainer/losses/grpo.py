@@ -60,13 +60,13 @@ def grpo_loss(
     success: torch.Tensor,  # [T] bool: the token's trajectory succeeded
     num_trajectories: int,
     config: GRPOConfig = GRPOConfig(),
-) -> tuple[torch.Tensor, dict[str, float]]:
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Scalar loss and the gradient-weight mass on failure vs success tokens (detached)."""
     w = token_weights(step_tokens, trajectory_steps, num_trajectories, config, objective.dtype)  # [T]
     loss = -(w * objective).sum()
-    with torch.no_grad():
+    with torch.no_grad():  # 0-d tensors: no host sync
         stats = {
-            "weight_mass_failure": w[~success].sum().item(),
-            "weight_mass_success": w[success].sum().item(),
+            "weight_mass_failure": torch.where(success, 0.0, w).sum(),
+            "weight_mass_success": torch.where(success, w, 0.0).sum(),
         }
     return loss, stats
