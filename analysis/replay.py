@@ -82,7 +82,14 @@ class Replayed:
     loss: float
     grad_norm: float
     weights_sha256: str
+    """The digest the recorded ranks computed: each rank's slices hashed, combined in rank order."""
     stats: dict[str, float]
+    full_sha256: str = ""
+    """The whole model's hash, which trainers before the sharded digest recorded (at 1 rank, the same)."""
+
+    def matches(self, recorded: UpdateApplied) -> bool:
+        return (self.loss == recorded.loss and self.grad_norm == recorded.grad_norm
+                and recorded.weights_sha256 in (self.weights_sha256, self.full_sha256))
 
 
 class RunLedger:
@@ -239,8 +246,8 @@ def replay_batch(ledger: RunLedger, recorded: list[UpdateApplied], overrides: di
                               first.version_before, proximal[m] if proximal else None,
                               reference[m] if reference else None)
         loss, tokens = combine(step.scored)
-        out.append(Replayed(u.update_step, u.version_before, loss, step.grad_norm,
-                            weights_sha256(model.state_dict()), update_stats(tokens, config)))
+        out.append(Replayed(u.update_step, u.version_before, loss, step.grad_norm, optimizer.sha256(),
+                            update_stats(tokens, config), full_sha256=weights_sha256(model.state_dict())))
     return out, model, scorer
 
 
@@ -275,8 +282,7 @@ class BatchReplay:
 
     @property
     def exact(self) -> bool:
-        return all(r.loss == u.loss and r.grad_norm == u.grad_norm and r.weights_sha256 == u.weights_sha256
-                   for r, u in zip(self.same, self.recorded))
+        return all(r.matches(u) for r, u in zip(self.same, self.recorded))
 
 
 def replay(settings: StackSettings, run_id: str, overrides: dict[str, object] | None = None,

@@ -1,10 +1,13 @@
 """Trainer memory and time per rank: replicated data parallel vs FSDP2, on one recorded batch.
 
     .venv/bin/python bench/sharded_trainer.py [--groups 2] [--reps 2] [--size bench] [--no-mmap-threshold]
+        [--modes replicated,fsdp2 | fsdp2-gather,fsdp2]
 
 `replicated` is the trainer's former path, kept here as the baseline only: every rank holds the whole
 model, gradient and AdamW state, and gradients are summed by one all-reduce of a flat buffer.
-`fsdp2` is the trainer's path (`trainer.sharding`, `trainer.update.optimizer_step`). Both run under
+`fsdp2` is the trainer's path (`trainer.sharding`, `trainer.update.optimizer_step`), with the weights'
+digest each rank computes over its own shards; `fsdp2-gather` is the trainer before it, which gathered
+the full weights to rank 0 after every optimizer step to hash them. All run under
 `torchrun --nproc_per_node N` (gloo, 1 thread per rank) at 1 and 2 ranks, in one run, on the same
 batch (recorded once by the tiny VLM, screenshots in a freshly started local S3) and the same initial
 weights. `--size bench` widens the tiny VLM's text model (hidden 512, 8 layers) so that the state
@@ -100,7 +103,7 @@ def worker(batch_path: str, model_dir: str, mode: str, reps: int, out_path: str)
     model.train()
     config = TrainConfig(run_id="bench", lr=1e-5)
     cpu = torch.device("cpu")
-    if mode == "fsdp2":
+    if mode.startswith("fsdp2"):
         model = shard_model(model, init_device_mesh("cpu", (world,)))
         optimizer = FSDPOptimizer(model, config.lr, config.weight_decay)
         inner = optimizer.optimizer
@@ -113,8 +116,9 @@ def worker(batch_path: str, model_dir: str, mode: str, reps: int, out_path: str)
         dist.barrier()
         reset_peak_memory(cpu)
         t0 = time.perf_counter()
-        if mode == "fsdp2":
+        if mode.startswith("fsdp2"):
             optimizer_step(scorer, optimizer, config, 0, [shard(samples, rank, world)], trajectories, 0, None)
+            _hash_weights(model, mode, rank, world)
         else:
             _replicated_step(scorer, optimizer, config, samples, trajectories, rank, world)
         dist.barrier()
@@ -128,7 +132,27 @@ def worker(batch_path: str, model_dir: str, mode: str, reps: int, out_path: str)
     dist.destroy_process_group()
 
 
+def _hash_weights(model, mode: str, rank: int, world: int) -> None:
+    """The weights' hash an `UpdateApplied` records, as the trainer computes it in `mode`."""
+    import torch.distributed as dist
+
+    from pipeline.hashing import combined_sha256, weights_sha256
+    from trainer.sharding import shard_sha256
+    from trainer.state import full_state_dict
+
+    if mode == "fsdp2-gather":  # before: the whole model gathered to rank 0, then hashed there
+        full = full_state_dict(model)
+        if rank == 0:
+            weights_sha256(full)
+    else:  # now: every rank hashes its own shards; rank 0 joins the digests
+        digests = [None] * world if rank == 0 else None
+        dist.gather_object(shard_sha256(model), digests, dst=0)
+        if rank == 0:
+            combined_sha256(digests)
+
+
 def main(groups: int = 2, reps: int = 2, size: str = "bench",
+         modes: str = typer.Option("replicated,fsdp2", help="paths to compare: replicated, fsdp2, fsdp2-gather"),
          mmap_threshold: bool = typer.Option(True, help="mmap every allocation above 64 KiB (glibc), so the peak "
                                                         "RSS follows live tensors; off: glibc's default heap, "
                                                         "for timing")) -> None:
@@ -137,7 +161,7 @@ def main(groups: int = 2, reps: int = 2, size: str = "bench",
     from pipeline.stack.local import LocalStack
     from pipeline.store import ScreenshotStore
 
-    runs = [(mode, n) for n in (1, 2) for mode in ("replicated", "fsdp2")]
+    runs = [(mode, n) for n in (1, 2) for mode in modes.split(",")]
     results = {}
     with tempfile.TemporaryDirectory() as d:
         model_dir = build_model(size, Path(d) / "model")
@@ -169,10 +193,11 @@ def main(groups: int = 2, reps: int = 2, size: str = "bench",
 
 def report(results: dict, groups: int, size: str, steps: int) -> None:
     mib = 2 ** 20
-    params = results["replicated-1"][0]["params_bytes"] // 4
-    base = results["replicated-1"][0]
-    head = ["path", "ranks", "update s (median)", "vs replicated x1", "peak RSS / rank MiB",
-            "params+grads+Adam / rank MiB", "state vs replicated x1"]
+    first = next(iter(results))
+    params = results[first][0]["params_bytes"] // 4
+    base = results[first][0]
+    head = ["path", "ranks", "update s (median)", f"vs {first} x1", "peak RSS / rank MiB",
+            "params+grads+Adam / rank MiB", f"state vs {first} x1"]
     table = Table(title=f"{size} model ({params / 1e6:.1f}M parameters): {groups} groups, {steps} steps")
     for col in head:
         table.add_column(col)
@@ -180,7 +205,7 @@ def report(results: dict, groups: int, size: str, steps: int) -> None:
     base_time = statistics.median(base["time_s"])
     base_state = base["params_bytes"] + base["grads_bytes"] + base["optimizer_bytes"]
     for name, ranks in results.items():
-        mode, n = name.split("-")
+        mode, n = name.rsplit("-", 1)
         t = statistics.median(ranks[0]["time_s"])
         state = max(r["params_bytes"] + r["grads_bytes"] + r["optimizer_bytes"] for r in ranks)
         row = [mode, n, f"{t:.2f}", f"{t / base_time:.2f}x", f"{max(r['peak_bytes'] for r in ranks) / mib:.0f}",

@@ -85,3 +85,14 @@ def sample_group(run_id: str, group_id: str, screenshot_hashes: list[str], group
                          rewards=rewards, num_steps=lengths,
                          outcomes=["success" if r else "failure" for r in rewards],
                          min_policy_version=0, max_policy_version=0)
+
+
+def stored_sha256(settings, version) -> str:
+    """The weights' hash of a published version's checkpoint as the object store holds it."""
+    from safetensors.torch import load_file
+
+    from pipeline.checkpoints import CheckpointStore
+    from pipeline.hashing import weights_sha256
+
+    directory = CheckpointStore.from_settings(settings).download(version.checkpoint_uri)
+    return weights_sha256(load_file(directory / "model.safetensors"))

@@ -22,6 +22,8 @@ from trainer.config import TrainConfig
 from trainer.launch import launch
 from trainer.staleness import StalenessBudget
 
+from samples import stored_sha256
+
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
 
@@ -60,7 +62,7 @@ def test_torchrun_trains_a_live_run_and_the_pool_picks_up_versions(settings, tmp
     # lineage: each version names its parent and the update that produced it, with the same weights hash
     for v, u in zip(versions[1:], updates):
         assert v.parent_version == v.version - 1 and v.update_ids == [u.event_id]
-        assert v.checkpoint_sha256 == u.weights_sha256
+        assert v.checkpoint_sha256 == stored_sha256(settings, v)
     store = CheckpointStore.from_settings(settings)
     assert all(store.exists(run_id, v.version) for v in versions)
     # a group is trained at most once, and only groups with mixed rewards are trained

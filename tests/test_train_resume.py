@@ -29,7 +29,7 @@ from trainer.config import TrainConfig
 from trainer.launch import torchrun_command
 
 from faults import account, log_ids
-from samples import render_page, sample_step
+from samples import render_page, sample_step, stored_sha256
 
 
 @functools.cache
@@ -127,7 +127,7 @@ def test_sigkilled_trainer_resumes_without_losing_or_repeating_a_group(settings,
     assert [u.update_step for u in updates] == list(range(5))
     assert sorted(g for u in updates for g in u.group_ids) == sorted(groups)  # each group exactly once
     for v, u in zip(versions[1:], updates):
-        assert v.parent_version == v.version - 1 and v.checkpoint_sha256 == u.weights_sha256
+        assert v.parent_version == v.version - 1 and v.checkpoint_sha256 == stored_sha256(settings, v)
 
     # The kill may leave an update outside the lineage (sent, never published): the ledger must
     # still hold every event the broker acknowledged, once.

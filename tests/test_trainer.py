@@ -207,7 +207,7 @@ def _emulated_steps(samples, trajectories, config, world: int, steps: int = 2) -
         for s in range(steps):
             step = optimizer_step(scorer, emulated, config, s, [shard(samples, r, world) for r in range(world)],
                                   trajectories, 0, None)
-            out.append((combine(step.scored)[0], step.grad_norm, weights_sha256(model.state_dict())))
+            out.append((combine(step.scored)[0], step.grad_norm, weights_sha256(model.state_dict()), emulated.sha256()))
     return out
 
 
@@ -244,7 +244,9 @@ def test_fsdp2_ranks_equal_one_process_and_replay_emulates_them_bit_for_bit(tmp_
     assert [u["scored"] for u in uneven] == [5, 5]
     for world, recorded, subset in ((1, one, samples), (2, two, samples), (2, uneven, samples[:5])):
         replayed = _emulated_steps(subset, trajectories, config, world)
-        assert replayed == [(r["loss"], r["grad_norm"], weights_sha256(r["weights"])) for r in recorded], world
+        # the weights, and the digest the ranks computed from their own shards without gathering them
+        assert replayed == [(r["loss"], r["grad_norm"], weights_sha256(r["weights"]), r["digest"]) for r in recorded], world
+    assert one[-1]["digest"] == weights_sha256(one[-1]["weights"])  # one rank's digest is the whole model's hash
 
 
 def test_activation_checkpointing_changes_no_bit(tmp_path):

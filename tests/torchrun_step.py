@@ -5,7 +5,8 @@ AWRL_TEST_DEVICE=cuda (test_fsdp_gpu.py).
     python -m torch.distributed.run --nproc_per_node N tests/torchrun_step.py IN.pkl OUT.pt
 
 IN.pkl: (samples, trajectories, screenshots by hash, initial weights, TrainConfig, steps).
-OUT.pt (rank 0): per step the loss, gradient norm and full weights, and each rank's state bytes.
+OUT.pt (rank 0): per step the loss, gradient norm, full weights and the ranks' combined digest of their
+shards, and each rank's state bytes.
 """
 
 import os
@@ -19,7 +20,8 @@ from torch.distributed.device_mesh import init_device_mesh
 
 from model.inputs import suppressed_token_ids
 from model.tiny_vlm import ensure_tiny_vlm, load_tiny_vlm
-from trainer.sharding import FSDPOptimizer, peak_memory, reset_peak_memory, shard_model, state_bytes
+from pipeline.hashing import combined_sha256
+from trainer.sharding import FSDPOptimizer, peak_memory, reset_peak_memory, shard_model, shard_sha256, state_bytes
 from trainer.state import full_state_dict
 from trainer.update import Scorer, combine, interleave, optimizer_step, shard
 
@@ -43,12 +45,13 @@ for update_step in range(steps):
     step = optimizer_step(scorer, optimizer, config, update_step, [shard(samples, rank, world)], trajectories, 0, None)
     gathered = [None] * world if rank == 0 else None
     memory = {**asdict(state_bytes(model, optimizer.optimizer)), "peak_bytes": peak_memory(device)}
-    dist.gather_object((step.scored, memory), gathered, dst=0)
+    dist.gather_object((step.scored, memory, shard_sha256(model)), gathered, dst=0)
     weights = {k: v.clone() for k, v in full_state_dict(model).items()}  # one CPU process: live tensors
     if rank == 0:
-        loss, _ = combine(interleave([s for s, _ in gathered]))
+        loss, _ = combine(interleave([s for s, _, _ in gathered]))
         out.append({"loss": loss, "grad_norm": step.grad_norm, "weights": weights,
-                    "memory": [m for _, m in gathered], "scored": len(interleave([s for s, _ in gathered]))})
+                    "digest": combined_sha256([d for _, _, d in gathered]),
+                    "memory": [m for _, m, _ in gathered], "scored": len(interleave([s for s, _, _ in gathered]))})
 if rank == 0:
     torch.save(out, sys.argv[2])
 dist.destroy_process_group()

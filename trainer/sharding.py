@@ -13,6 +13,9 @@ The gradient arithmetic, which replay must reproduce bit for bit:
   rank order (the same on every rank, whatever the collective's own summation order);
 - AdamW runs on each rank's shards (elementwise: a slice's result does not depend on the others).
 
+`The weights' digest after a step is each rank's sha256 of its own slices, combined in rank order
+(`pipeline.hashing.combined_sha256`): no rank gathers the model to hash it.
+
 `EmulatedFSDP` does exactly that on a plain, unsharded model: R_k summed in rank order (for 2 ranks a
 single addition per element, which is what the reduce-scatter computes; for more ranks the
 collective's order is not known and the last bits may differ), the norm from the same slices, and
@@ -29,6 +32,8 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
+
+from pipeline.hashing import combined_sha256, weights_sha256
 
 
 def shard_model(model: torch.nn.Module, mesh: DeviceMesh, bf16: bool = False,
@@ -60,6 +65,11 @@ def chunks(t: torch.Tensor, world: int) -> list[torch.Tensor]:
 def local(t: torch.Tensor) -> torch.Tensor:
     """This rank's slice of a (possibly) sharded tensor."""
     return t.to_local() if isinstance(t, DTensor) else t
+
+
+def shard_sha256(model: torch.nn.Module) -> str:
+    """This rank's digest of its own parameter slices (`combined_sha256` joins the ranks')."""
+    return weights_sha256({name: local(p) for name, p in model.named_parameters()})
 
 
 def shard_norm(grads: list[torch.Tensor], device: torch.device | None = None) -> torch.Tensor:
@@ -156,6 +166,11 @@ class EmulatedFSDP:
                     else:
                         self._grad[n] = _add(self._grad[n], g)
             self._rank, self._micro = 0, None
+
+    def sha256(self) -> str:
+        """The digest `world` ranks would record for these weights: each rank's slices hashed, combined."""
+        return combined_sha256([weights_sha256({n: chunks(p.detach(), self.world)[r] for n, p in self.params.items()})
+                                for r in range(self.world)])
 
     def clip_and_step(self, max_norm: float) -> float:
         """Unused parameters (no gradient on any rank) are left alone, as AdamW leaves them under FSDP2."""

@@ -41,14 +41,14 @@ from model.tiny_vlm import ensure_tiny_vlm, load_tiny_vlm, save_tiny_vlm
 from pipeline import health
 from pipeline.bus import EventProducer, create_topics, read_log
 from pipeline.checkpoints import CheckpointStore
-from pipeline.hashing import weights_sha256
+from pipeline.hashing import combined_sha256, weights_sha256
 from pipeline.settings import StackSettings
 from pipeline.store import ScreenshotStore, patiently
 from pipeline.topics import TRAINER
 from schemas import GroupDropped, PolicyVersionPublished, RankMemory, UpdateApplied
 from trainer.batch import BatchBuilder
 from trainer.config import TrainConfig
-from trainer.sharding import FSDPOptimizer, peak_memory, reset_peak_memory, shard_model, state_bytes
+from trainer.sharding import FSDPOptimizer, peak_memory, reset_peak_memory, shard_model, shard_sha256, state_bytes
 from trainer.state import full_state_dict, load_sharded, save_sharded
 from trainer.update import (
     Scored,
@@ -82,8 +82,6 @@ class _Trainer:
     update_step: int
     producer: EventProducer | None = None
     builder: BatchBuilder | None = None
-    weights: dict[str, torch.Tensor] | None = None
-    """Rank 0: the full weights after the last optimizer step (gathered once, hashed and published)."""
 
     @property
     def leader(self) -> bool:
@@ -171,7 +169,6 @@ def _start(config: TrainConfig, settings: StackSettings, device: torch.device) -
         t.producer = EventProducer(settings, client_id="trainer")
         t.builder = BatchBuilder(settings, config, t.producer, skip=skip)
     if latest is None:  # announce version 0, so the lineage starts at a stored checkpoint
-        t.weights = full_state_dict(model)
         _publish(t, [])
     return t
 
@@ -196,8 +193,8 @@ def _train_batch(t: _Trainer, batch: list, wait_s: float) -> list[UpdateApplied]
         time.sleep(config.slow_s)
         memory = RankMemory(rank=t.rank, **vars(state_bytes(t.scorer.model, t.optimizer.optimizer)),
                             peak_bytes=peak_memory(device), device=device.type)
-        loss, stats, memories = _gather_stats(step.scored, memory, config, t.leader)
-        t.weights = full_state_dict(t.scorer.model)
+        loss, stats, memories, digest = _gather_stats(step.scored, memory, shard_sha256(t.scorer.model), config,
+                                                      t.leader)
         compute_s = time.perf_counter() - t0
         # pi_theta has moved away from pi_prox by this step's approx_kl: past the target, stop the batch
         stop = [t.leader and config.target_kl is not None and stats.get("approx_kl", 0.0) > config.target_kl]
@@ -215,7 +212,7 @@ def _train_batch(t: _Trainer, batch: list, wait_s: float) -> list[UpdateApplied]
                 group_ids=[g.group_id for g in minibatches[m]],
                 trajectory_ids=[tid for g in minibatches[m] for tid in g.completed.trajectory_ids],
                 loss=loss, grad_norm=step.grad_norm, stats=stats, config_json=config.model_dump_json(),
-                weights_sha256=weights_sha256(t.weights), duration_s=first_wait + compute_s,
+                weights_sha256=digest, duration_s=first_wait + compute_s,
                 wait_s=first_wait, compute_s=compute_s, world_size=t.world, memory=memories,
             ))
         t.update_step += 1
@@ -238,16 +235,17 @@ def _resume_state(settings: StackSettings, run_id: str
             min(published, key=lambda e: e.version, default=None), skip)
 
 
-def _gather_stats(scored: list[Scored], memory: RankMemory, config: TrainConfig, leader: bool
-                  ) -> tuple[float, dict, list[RankMemory]]:
+def _gather_stats(scored: list[Scored], memory: RankMemory, digest: str, config: TrainConfig, leader: bool
+                  ) -> tuple[float, dict, list[RankMemory], str]:
     """On rank 0: the batch loss and statistics over every rank's samples, merged in the 1-process
-    order (so they equal a 1-process update's), and each rank's memory."""
+    order (so they equal a 1-process update's), each rank's memory, and the weights' digest from every
+    rank's digest of its shards (the weights themselves stay sharded)."""
     gathered = [None] * dist.get_world_size() if leader else None
-    dist.gather_object((scored, memory), gathered, dst=0)
+    dist.gather_object((scored, memory, digest), gathered, dst=0)
     if not leader:
-        return 0.0, {}, []
-    loss, tokens = combine(interleave([s for s, _ in gathered]))
-    return loss, update_stats(tokens, config), [m for _, m in gathered]
+        return 0.0, {}, [], ""
+    loss, tokens = combine(interleave([s for s, _, _ in gathered]))
+    return loss, update_stats(tokens, config), [m for _, m, _ in gathered], combined_sha256([d for _, _, d in gathered])
 
 
 def _publish(t: _Trainer, updates: list[UpdateApplied]) -> None:
@@ -257,18 +255,19 @@ def _publish(t: _Trainer, updates: list[UpdateApplied]) -> None:
     config, version = t.config, t.version
     if updates or version > 0:  # the initial version has no optimizer state (see `trainer.state`)
         save_sharded(t.checkpoints, config.run_id, version, t.scorer.model, t.optimizer.optimizer)
+    weights = full_state_dict(t.scorer.model)  # the only gather of the weights: once a version
     if not t.leader:
         return
     with tempfile.TemporaryDirectory(prefix="awrl-ckpt-") as tmp:
         directory = save_tiny_vlm(t.scorer.model, t.scorer.tokenizer, Path(tmp) / f"v{version}",
-                                  image_processor=t.scorer.image_processor, state_dict=t.weights)
+                                  image_processor=t.scorer.image_processor, state_dict=weights)
         # A full or unreachable store pauses the trainer here (and so the pool, at the staleness
         # bound) instead of killing it; an upload is idempotent, so a retry starts over.
         uri = patiently(lambda: t.checkpoints.upload(directory, config.run_id, version),
                         f"storing checkpoint v{version}")
     published = PolicyVersionPublished(
         run_id=config.run_id, version=version, checkpoint_uri=uri,
-        checkpoint_sha256=updates[-1].weights_sha256 if updates else weights_sha256(t.weights),  # hashed once
+        checkpoint_sha256=weights_sha256(weights),
         update_step=updates[-1].update_step if updates else None, parent_version=version - 1 if updates else None,
         update_ids=[u.event_id for u in updates], publish_s=time.perf_counter() - t0,
     )
