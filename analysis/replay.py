@@ -39,7 +39,7 @@ from pathlib import Path
 import torch
 
 from model.inputs import forward_log_softmax, inputs_from_ids, suppressed_token_ids
-from model.tiny_vlm import load_tiny_vlm
+from model.policy import load_policy
 from pipeline.checkpoints import CheckpointStore
 from pipeline.hashing import weights_sha256
 from pipeline.ledger import read_events
@@ -159,7 +159,7 @@ class RunLedger:
 
     def start(self, version: int, config: TrainConfig, world: int):
         """(model, tokenizer, image processor, optimizer) as `world` trainer ranks held them at `version`."""
-        model, tokenizer, processor = load_tiny_vlm(self.checkpoint(version))
+        model, tokenizer, processor = load_policy(self.checkpoint(version))
         model.train()
         optimizer = EmulatedFSDP(model, world, lr=config.lr, weight_decay=config.weight_decay)
         state = load_full_state(self.checkpoints, self.run_id, version)

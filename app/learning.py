@@ -25,7 +25,8 @@ from safetensors.torch import load_file
 from analysis import connect
 from analysis.curves import learning_curve_png, success_by_version, version_curve_png
 from app.training import RunConfig, RunSummary, record_start, run_training, set_by_run
-from model.tiny_vlm import HOME, ensure_tiny_vlm
+from model.policy import ensure_policy
+from model.tokenizer import HOME
 from pipeline.bus import EventProducer
 from pipeline.checkpoints import CheckpointStore
 from pipeline.hashing import weights_sha256
@@ -210,7 +211,7 @@ def run_learning(settings: StackSettings, config: LearningConfig,
         if config.warm_start:
             sft_dir, sft_s = config.warm_start, 0.0
         else:
-            measure("untrained", ensure_tiny_vlm(), 0, 0.0)
+            measure("untrained", ensure_policy(), 0, 0.0)
             sft_dir, sft_s = warm_start(settings, config, run_id, curve, say)
         if config.sft_measured_by is None:
             measure("sft", sft_dir, 0, sft_s)

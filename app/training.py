@@ -30,7 +30,7 @@ from typing import Literal
 import psutil
 from pydantic import TypeAdapter
 
-from model.tiny_vlm import ensure_tiny_vlm
+from model.policy import ensure_policy
 from pipeline.bus import EventProducer, follow
 from pipeline.ledger import LedgerWriter
 from pipeline.settings import StackSettings
@@ -204,7 +204,7 @@ def run_training(settings: StackSettings, config: RunConfig, on_progress=None, r
     logs.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, **settings.environ()}
     if config.rollout.model_dir is None:  # one directory for the trainer and a policy server alike
-        config = replace(config, rollout=replace(config.rollout, model_dir=ensure_tiny_vlm()))
+        config = replace(config, rollout=replace(config.rollout, model_dir=ensure_policy()))
     train = config.train.model_copy(update={
         "run_id": run_id, "model_dir": config.rollout.model_dir, "eta": config.eta if config.mode == "async" else 0})
     config = replace(config, run_id=run_id, train=train)  # the schedules below read the resolved config

@@ -56,7 +56,7 @@ def core_busy(before, after) -> list[float]:
 
 def main(minutes: float = 3.0, workers: int = 2) -> None:
     from app.training import RunConfig, run_training
-    from model.tiny_vlm import ensure_tiny_vlm
+    from model.policy import ensure_policy
     from pipeline.stack.local import LocalStack
     from pipeline.stack.vllm import VLLMServerConfig
     from trainer.config import TrainConfig
@@ -65,7 +65,7 @@ def main(minutes: float = 3.0, workers: int = 2) -> None:
         raise SystemExit("needs 2 cores")
     rows = {}
     with tempfile.TemporaryDirectory() as d:
-        model_dir = ensure_tiny_vlm(Path(d) / "tiny")
+        model_dir = ensure_policy(Path(d) / "tiny")
         stack = LocalStack.up(Path(d) / "stack", durable=False, vllm=VLLMServerConfig(model_dir=model_dir))
         server = next(s.pid for s in stack.services if s.name == "vllm")
         all_cores = set(range(os.cpu_count()))

@@ -4,7 +4,7 @@
 
 For the tiny VLM, side by side in one run against one freshly started stack, each repetition a new
 version (weights perturbed, so every upload and download moves real bytes):
-  save        save_tiny_vlm: save_pretrained + tokenizer + image processor into a local directory
+  save        save_policy: save_pretrained + tokenizer + image processor into a local directory
   upload      CheckpointStore.upload: every file, then MANIFEST.json (publish)
   download    CheckpointStore.download into an empty cache: GETs + sha256 verify + atomic rename
   cache hit   CheckpointStore.download again: only the manifest GET
@@ -32,7 +32,7 @@ from rich.console import Console
 from rich.table import Table
 from transformers.utils import logging as hf_logging
 
-from model.tiny_vlm import ensure_tiny_vlm, load_tiny_vlm, save_tiny_vlm
+from model.policy import ensure_policy, load_policy, save_policy
 from pipeline.checkpoints import CheckpointStore
 from pipeline.stack.local import LocalStack
 from rollout.policy.local import LocalPolicy
@@ -48,8 +48,8 @@ def _timed(fn, *args):
 
 
 def run(settings, work: Path, reps: int) -> dict:
-    base = ensure_tiny_vlm()
-    model, tokenizer, _ = load_tiny_vlm(base)
+    base = ensure_policy()
+    model, tokenizer, _ = load_policy(base)
     run_id = f"bench-{uuid.uuid4().hex[:6]}"
     publisher = CheckpointStore.from_settings(settings, cache_dir=work / "unused")
     fetcher = CheckpointStore.from_settings(settings, cache_dir=work / "fetcher")
@@ -61,7 +61,7 @@ def run(settings, work: Path, reps: int) -> dict:
         with torch.no_grad():
             model.lm_head.weight.add_(0.001)
         t0 = time.perf_counter()
-        local, t_save = _timed(save_tiny_vlm, model, tokenizer, work / "out" / f"v{version}")
+        local, t_save = _timed(save_policy, model, tokenizer, work / "out" / f"v{version}")
         uri, t_upload = _timed(publisher.upload, local, run_id, version)
         _, t_load_s3 = _timed(policy.load_weights, version, uri)
         t_e2e = time.perf_counter() - t0

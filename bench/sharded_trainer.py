@@ -47,7 +47,9 @@ def build_model(size: str, out: Path) -> Path:
     import torch
     from transformers import Qwen3VLForConditionalGeneration
 
-    from model.tiny_vlm import build_config, make_image_processor, save_tiny_vlm, train_tokenizer
+    from model.architectures import build_config, make_image_processor
+    from model.policy import save_policy
+    from model.tokenizer import train_tokenizer
 
     tokenizer = train_tokenizer()
     config = build_config(tokenizer)
@@ -56,7 +58,7 @@ def build_model(size: str, out: Path) -> Path:
     config.vision_config.out_hidden_size = config.text_config.hidden_size
     torch.manual_seed(0)
     model = Qwen3VLForConditionalGeneration(config).float()
-    return save_tiny_vlm(model, tokenizer, out, image_processor=make_image_processor())
+    return save_policy(model, tokenizer, out, image_processor=make_image_processor())
 
 
 def _replicated_step(scorer, optimizer, config, samples, trajectories, rank, world) -> None:
@@ -88,7 +90,7 @@ def worker(batch_path: str, model_dir: str, mode: str, reps: int, out_path: str)
     from torch.distributed.device_mesh import init_device_mesh
 
     from model.inputs import suppressed_token_ids
-    from model.tiny_vlm import load_tiny_vlm
+    from model.policy import load_policy
     from pipeline.settings import StackSettings
     from pipeline.store import ScreenshotStore
     from trainer.config import TrainConfig
@@ -99,7 +101,7 @@ def worker(batch_path: str, model_dir: str, mode: str, reps: int, out_path: str)
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     samples, trajectories = flatten(pickle.loads(Path(batch_path).read_bytes()))
-    model, tokenizer, processor = load_tiny_vlm(Path(model_dir))
+    model, tokenizer, processor = load_policy(Path(model_dir))
     model.train()
     config = TrainConfig(run_id="bench", lr=1e-5)
     cpu = torch.device("cpu")

@@ -75,7 +75,7 @@ def worker(batch_path: str, mode: str, reps: int, out_path: str) -> None:
     from torch.distributed.device_mesh import init_device_mesh
 
     from model.inputs import suppressed_token_ids
-    from model.tiny_vlm import ensure_tiny_vlm, load_tiny_vlm
+    from model.policy import ensure_policy, load_policy
     from pipeline.settings import StackSettings
     from pipeline.store import ScreenshotStore
     from trainer.config import TrainConfig
@@ -86,7 +86,7 @@ def worker(batch_path: str, mode: str, reps: int, out_path: str) -> None:
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     batch = pickle.loads(Path(batch_path).read_bytes())
-    model, tokenizer, processor = load_tiny_vlm(ensure_tiny_vlm())
+    model, tokenizer, processor = load_policy(ensure_policy())
     model = shard_model(model.train(), init_device_mesh("cpu", (world,)))  # the trainer's FSDP2 path
     optimizer = FSDPOptimizer(model, lr=1e-5, weight_decay=0.0)
     store = ScreenshotStore.from_settings(StackSettings())

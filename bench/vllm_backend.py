@@ -38,13 +38,13 @@ OUT = Path(__file__).parent / "out"
 
 
 def main(episodes: int = 16, workers: int = 4, rounds: int = 2, refreshes: int = 4) -> None:
-    from model.tiny_vlm import ensure_tiny_vlm
+    from model.policy import ensure_policy
     from pipeline.stack.local import LocalStack
     from pipeline.stack.vllm import VLLMServerConfig
 
     results: dict = {}
     with tempfile.TemporaryDirectory() as d:
-        v0 = ensure_tiny_vlm(Path(d) / "v0")
+        v0 = ensure_policy(Path(d) / "v0")
         t0 = time.monotonic()
         with console.status("starting the stack and vLLM ..."):
             stack = LocalStack.up(Path(d) / "stack", durable=False, vllm=VLLMServerConfig(model_dir=v0))
@@ -89,7 +89,7 @@ def _rollouts(settings, model_dir: Path, episodes: int, workers: int, rounds: in
 
 def _refresh_latency(settings, backend: str, v0: Path, work: Path, n: int) -> list[float]:
     """Seconds from each publish to the first action sampled under the new version."""
-    from model.tiny_vlm import load_tiny_vlm, save_tiny_vlm
+    from model.policy import load_policy, save_policy
     from pipeline.bus import EventProducer
     from pipeline.checkpoints import CheckpointStore
     from rollout.dispatcher import dispatch, task_stream
@@ -98,11 +98,11 @@ def _refresh_latency(settings, backend: str, v0: Path, work: Path, n: int) -> li
     from rollout.run import make_policy, make_suite
     from schemas import PolicyVersionPublished
 
-    model, tokenizer, processor = load_tiny_vlm(v0)
+    model, tokenizer, processor = load_policy(v0)
     with torch.no_grad():
         for p in model.parameters():
             p.mul_(1.01)
-    v1 = save_tiny_vlm(model, tokenizer, work / "v1", image_processor=processor)
+    v1 = save_policy(model, tokenizer, work / "v1", image_processor=processor)
     run_id = f"refresh-{backend}-{uuid.uuid4().hex[:6]}"
     checkpoints = CheckpointStore.from_settings(settings, cache_dir=work / f"cache-{backend}")
     uris = [checkpoints.upload(v1 if k % 2 else v0, run_id, k) for k in range(1, n + 1)]

@@ -1,3 +1,5 @@
-"""The model layer, shared by the rollout pool and the trainer: the tiny Qwen3-VL built from a config
-with a tokenizer trained here (`model.tiny_vlm`), the prompt format (`model.prompt`) and the inputs and
-behaviour distribution every log-prob is computed with (`model.inputs`)."""
+"""The model layer, shared by the rollout pool and the trainer: the policy on disk, any Qwen3-VL
+directory (`model.policy`), the architectures a fresh one is built from, the tiny one among them
+(`model.architectures`), the tokenizer trained here (`model.tokenizer`), the prompt format
+(`model.prompt`), and the inputs and behaviour distribution every log-prob is computed with
+(`model.inputs`)."""

@@ -15,7 +15,8 @@ import io
 import torch
 from PIL import Image
 
-from model.tiny_vlm import SPECIAL_TOKENS, STOP_TOKENS, make_image_processor
+from model.architectures import make_image_processor
+from model.tokenizer import SPECIAL_TOKENS, STOP_TOKENS
 
 IMAGE_PAD = "<|image_pad|>"
 

@@ -85,7 +85,7 @@ def make_policy(name: str, suites: dict[str, Suite], model_dir: Path | None = No
 def _vllm_policy(url: str | None, model: str | None, seed: int, checkpoints, temperature: float) -> Policy:
     """The policy server's client. The special tokens it must not sample are looked up in the served
     model's vocabulary (the tiny VLM names them as Qwen3-VL does, with other ids)."""
-    from model.tiny_vlm import SPECIAL_TOKENS, STOP_TOKENS
+    from model.tokenizer import SPECIAL_TOKENS, STOP_TOKENS
     from rollout.policy.vllm_client import VLLMPolicy
 
     if not url:

@@ -164,15 +164,15 @@ def test_names_and_defaults(store, monkeypatch, tmp_path):
 
 
 def test_local_policy_refreshes_from_s3(store, run_id, tmp_path):
-    from model.tiny_vlm import ensure_tiny_vlm, load_tiny_vlm, save_tiny_vlm
+    from model.policy import ensure_policy, load_policy, save_policy
     from rollout.policy.local import LocalPolicy
 
-    base = ensure_tiny_vlm()
-    model, tokenizer, _ = load_tiny_vlm(base)
+    base = ensure_policy()
+    model, tokenizer, _ = load_policy(base)
     with torch.no_grad():
         model.lm_head.weight.add_(0.01)
     expected = weights_sha256(model.state_dict())
-    uri = store.upload(save_tiny_vlm(model, tokenizer, tmp_path / "v1"), run_id, 1)
+    uri = store.upload(save_policy(model, tokenizer, tmp_path / "v1"), run_id, 1)
 
     with pytest.raises(ValueError, match="CheckpointStore"):
         LocalPolicy(base, max_new_tokens=4).load_weights(1, uri)

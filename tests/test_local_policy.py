@@ -21,7 +21,9 @@ from transformers import AutoTokenizer
 from model.inputs import build_inputs, forward_logprobs, inputs_from_ids, suppressed_token_ids
 from model.sampling import Sampling, sample_batch
 from model.prompt import CHAT_TEMPLATE, PromptConfig, build_messages, render_chat, render_prompt
-from model.tiny_vlm import build_tiny_vlm, load_tiny_vlm, save_tiny_vlm, train_tokenizer
+from model.architectures import make_tiny_policy
+from model.policy import load_policy, save_policy
+from model.tokenizer import train_tokenizer
 from rollout.policy.local import LocalPolicy
 from rollout.policy.vllm_client import VLLMPolicy
 from rollout.types import Policy
@@ -57,10 +59,10 @@ def _obs(som: bool = True, screenshots: int = 1, history: int = 2) -> Observatio
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
     t0 = time.perf_counter()
-    model, tokenizer = build_tiny_vlm(seed=0)
+    model, tokenizer = make_tiny_policy(seed=0)
     print(f"\nbuild: {sum(p.numel() for p in model.parameters()):,} parameters, vocab {len(tokenizer)},"
           f" {time.perf_counter() - t0:.1f}s")  # fmt: skip
-    return save_tiny_vlm(model, tokenizer, tmp_path_factory.mktemp("tiny") / "v0")
+    return save_policy(model, tokenizer, tmp_path_factory.mktemp("tiny") / "v0")
 
 
 @pytest.fixture(scope="module")
@@ -81,8 +83,8 @@ def test_tokenizer_training_is_deterministic_and_fast(tmp_path):
 
 
 def test_save_and_reload_give_identical_outputs(model_dir):
-    model, tokenizer = build_tiny_vlm(seed=0)
-    loaded, tokenizer2, processor = load_tiny_vlm(model_dir)
+    model, tokenizer = make_tiny_policy(seed=0)
+    loaded, tokenizer2, processor = load_policy(model_dir)
     assert tokenizer2.get_vocab() == tokenizer.get_vocab()
     for name in ("config.json", "model.safetensors", "tokenizer.json", "preprocessor_config.json"):
         assert (model_dir / name).exists()
@@ -169,7 +171,7 @@ def test_batched_logprobs_are_the_trainers_scoring(policy):
 
 def test_waiting_workers_are_decoded_together_and_a_refresh_lands_between_batches(tmp_path, model_dir):
     pol = LocalPolicy(model_dir, max_new_tokens=6, seed=5)
-    fresh = save_tiny_vlm(*build_tiny_vlm(seed=8), tmp_path / "v1")
+    fresh = save_policy(*make_tiny_policy(seed=8), tmp_path / "v1")
     observations = [_obs(history=h) for h in range(6)]
 
     async def together():
@@ -207,8 +209,8 @@ def test_vision_tokens_never_sampled(model_dir):
 def test_refresh_loads_new_weights_in_place(tmp_path, model_dir):
     pol = LocalPolicy(model_dir, max_new_tokens=4)
     assert isinstance(pol, Policy)
-    model, tokenizer = build_tiny_vlm(seed=7)
-    new_dir = save_tiny_vlm(model, tokenizer, tmp_path / "v3")
+    model, tokenizer = make_tiny_policy(seed=7)
+    new_dir = save_policy(model, tokenizer, tmp_path / "v3")
     before = pol.model.lm_head.weight.clone()
     live = pol.model
     asyncio.run(pol.refresh(3, new_dir.resolve().as_uri()))

@@ -211,10 +211,10 @@ def test_rollout_cli_smoke(settings):
 
 
 def test_local_tiny_vlm_runs_whole_episodes_with_logprobs(settings, sites, tmp_path):
-    from model.tiny_vlm import ensure_tiny_vlm
+    from model.policy import ensure_policy
     from rollout.policy.local import LocalPolicy
 
-    policy = LocalPolicy(ensure_tiny_vlm(tmp_path / "tiny-vlm"), max_new_tokens=24, num_threads=1)
+    policy = LocalPolicy(ensure_policy(tmp_path / "tiny-vlm"), max_new_tokens=24, num_threads=1)
     easy = [t for t in sites.tasks("train") if t.difficulty == "easy"][:1]
     _, stats, delivered = run_pool(settings, sites, policy, groups=1, workers=2, group_size=2, som=True, tasks=easy)
     steps = [d.event for d in delivered if isinstance(d.event, StepRecorded)]

@@ -17,7 +17,7 @@ import torch
 
 from model.inputs import suppressed_token_ids
 from model.prompt import render_prompt
-from model.tiny_vlm import save_tiny_vlm
+from model.policy import save_policy
 from pipeline.hashing import sha256_hex, weights_sha256
 from rollout.policy.local import LocalPolicy
 from schemas import GroupCompleted
@@ -162,7 +162,7 @@ def test_kl_penalty_to_an_identical_reference_changes_nothing_and_to_another_pul
     with torch.no_grad():
         for p in other.parameters():
             p.add_(0.01 * torch.randn_like(p))
-    save_tiny_vlm(other, _policy().tokenizer, tmp_path / "ref", image_processor=_policy().image_processor)
+    save_policy(other, _policy().tokenizer, tmp_path / "ref", image_processor=_policy().image_processor)
     scorer = _scorer(_fresh_model())
     frozen = scorer.frozen(tmp_path / "ref")
     assert not any(p.requires_grad for p in frozen.model.parameters())

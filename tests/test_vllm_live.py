@@ -34,7 +34,7 @@ import pytest
 import torch
 
 from model.inputs import inputs_from_ids, suppressed_token_ids
-from model.tiny_vlm import ensure_tiny_vlm, load_tiny_vlm, save_tiny_vlm
+from model.policy import ensure_policy, load_policy, save_policy
 from pipeline.bus import EventProducer, read_log
 from pipeline.checkpoints import CheckpointStore
 from pipeline.ledger import LedgerWriter, read_events
@@ -78,13 +78,13 @@ PERTURBATION = 0.05
 @pytest.fixture(scope="module")
 def weights(tmp_path_factory) -> tuple[Path, Path]:
     root = tmp_path_factory.mktemp("vllm-weights")
-    v0 = ensure_tiny_vlm(root / "v0")
-    model, tokenizer, processor = load_tiny_vlm(v0)
+    v0 = ensure_policy(root / "v0")
+    model, tokenizer, processor = load_policy(v0)
     gen = torch.Generator().manual_seed(1)
     with torch.no_grad():
         for p in model.parameters():
             p.add_(torch.randn(p.shape, generator=gen) * PERTURBATION)
-    return v0, save_tiny_vlm(model, tokenizer, root / "v1", image_processor=processor)
+    return v0, save_policy(model, tokenizer, root / "v1", image_processor=processor)
 
 
 @pytest.fixture(scope="module")
@@ -101,7 +101,7 @@ def served(weights, tmp_path_factory):
 
 @functools.cache
 def _trainer(model_dir: Path):
-    model, tokenizer, processor = load_tiny_vlm(model_dir)
+    model, tokenizer, processor = load_policy(model_dir)
     return model, tokenizer, processor, suppressed_token_ids(tokenizer)
 
 

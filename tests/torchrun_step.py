@@ -19,7 +19,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
 from model.inputs import suppressed_token_ids
-from model.tiny_vlm import ensure_tiny_vlm, load_tiny_vlm
+from model.policy import ensure_policy, load_policy
 from pipeline.hashing import combined_sha256
 from trainer.sharding import FSDPOptimizer, peak_memory, reset_peak_memory, shard_model, shard_sha256, state_bytes
 from trainer.state import full_state_dict
@@ -33,7 +33,7 @@ dist.init_process_group("nccl" if cuda else "gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
 with open(sys.argv[1], "rb") as f:
     samples, trajectories, images, state, config, steps = pickle.load(f)
-model, tokenizer, image_processor = load_tiny_vlm(ensure_tiny_vlm())
+model, tokenizer, image_processor = load_policy(ensure_policy())
 model.load_state_dict(state)
 model = shard_model(model.to(device).train(), init_device_mesh(device.type, (world,)), bf16=cuda and config.bf16,
                     activation_checkpointing=config.activation_checkpointing)

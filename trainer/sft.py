@@ -19,7 +19,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from model.inputs import suppressed_token_ids
-from model.tiny_vlm import ensure_tiny_vlm, load_tiny_vlm, save_tiny_vlm
+from model.policy import ensure_policy, load_policy, save_policy
 from pipeline.ledger import read_events
 from pipeline.settings import StackSettings
 from pipeline.store import ScreenshotStore
@@ -81,7 +81,7 @@ def train_sft(settings: StackSettings, config: SFTConfig, on_step: Callable[[int
     samples = demonstrations(settings, config.run_ids)
     if not samples:
         raise ValueError(f"no successful demonstration steps with tokens in runs {config.run_ids} (is the ledger synced?)")
-    model, tokenizer, processor = load_tiny_vlm(ensure_tiny_vlm(config.model_dir))
+    model, tokenizer, processor = load_policy(ensure_policy(config.model_dir))
     model.train()
     scorer = Scorer(model, tokenizer, processor, suppressed_token_ids(tokenizer), ScreenshotStore.from_settings(settings).get)
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr)
@@ -105,5 +105,5 @@ def train_sft(settings: StackSettings, config: SFTConfig, on_step: Callable[[int
             result.losses.append(nll)
             if on_step:
                 on_step(len(result.losses), total, nll)
-    save_tiny_vlm(model, tokenizer, config.out_dir, image_processor=processor)
+    save_policy(model, tokenizer, config.out_dir, image_processor=processor)
     return result

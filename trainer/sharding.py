@@ -46,7 +46,11 @@ def shard_model(model: torch.nn.Module, mesh: DeviceMesh, bf16: bool = False,
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else MixedPrecisionPolicy()
     text = model.model.language_model
-    for block in [*model.model.visual.blocks, *text.layers, text.embed_tokens, model.lm_head]:
+    # A tied LM head (2B, 4B) is the embedding's own weight: both modules in one group, so it is one
+    # sharded parameter, gathered once for the forward
+    heads = ([[text.embed_tokens, model.lm_head]] if model.lm_head.weight is text.embed_tokens.weight
+             else [text.embed_tokens, model.lm_head])
+    for block in [*model.model.visual.blocks, *text.layers, *heads]:
         fully_shard(block, mesh=mesh, mp_policy=mp)
     fully_shard(model, mesh=mesh, mp_policy=mp)
     for module in model.modules():

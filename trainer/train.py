@@ -37,7 +37,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
 from model.inputs import suppressed_token_ids
-from model.tiny_vlm import ensure_tiny_vlm, load_tiny_vlm, save_tiny_vlm
+from model.policy import ensure_policy, load_policy, save_policy
 from pipeline import health
 from pipeline.bus import EventProducer, create_topics, read_log
 from pipeline.checkpoints import CheckpointStore
@@ -138,7 +138,7 @@ def _start(config: TrainConfig, settings: StackSettings, device: torch.device) -
     latest, first, skip = resume[0]
 
     def weights(version: PolicyVersionPublished | None) -> Path:
-        return checkpoints.download(version.checkpoint_uri) if version else ensure_tiny_vlm(config.model_dir)
+        return checkpoints.download(version.checkpoint_uri) if version else ensure_policy(config.model_dir)
 
     if rank == 0:  # one download into the shared cache; the other ranks then find it there
         for version in (latest, first) if config.kl_coef else (latest,):
@@ -150,7 +150,7 @@ def _start(config: TrainConfig, settings: StackSettings, device: torch.device) -
     def sharded(model: torch.nn.Module) -> torch.nn.Module:
         return shard_model(model.to(device), mesh, bf16=bf16, activation_checkpointing=config.activation_checkpointing)
 
-    model, tokenizer, image_processor = load_tiny_vlm(weights(latest))
+    model, tokenizer, image_processor = load_policy(weights(latest))
     model = sharded(model.train())
     optimizer = FSDPOptimizer(model, lr=config.lr, weight_decay=config.weight_decay)
     if latest:
@@ -259,7 +259,7 @@ def _publish(t: _Trainer, updates: list[UpdateApplied]) -> None:
     if not t.leader:
         return
     with tempfile.TemporaryDirectory(prefix="awrl-ckpt-") as tmp:
-        directory = save_tiny_vlm(t.scorer.model, t.scorer.tokenizer, Path(tmp) / f"v{version}",
+        directory = save_policy(t.scorer.model, t.scorer.tokenizer, Path(tmp) / f"v{version}",
                                   image_processor=t.scorer.image_processor, state_dict=weights)
         # A full or unreachable store pauses the trainer here (and so the pool, at the staleness
         # bound) instead of killing it; an upload is idempotent, so a retry starts over.

@@ -24,7 +24,7 @@ from typing import Protocol
 import torch
 
 from model.inputs import forward_log_softmax, inputs_from_ids
-from model.tiny_vlm import load_tiny_vlm
+from model.policy import load_policy
 from trainer.batch import TrainGroup
 from trainer.config import TrainConfig
 from trainer.losses import decoupled_ppo_objective, grpo_loss, kl_to_reference, raft_advantages, token_weights
@@ -137,7 +137,7 @@ class Scorer:
 
     def frozen(self, model_dir: Path) -> Scorer:
         """The same input builders over a frozen model loaded from `model_dir` (the KL reference)."""
-        model = load_tiny_vlm(model_dir)[0].to(next(self.model.parameters()).device).eval().requires_grad_(False)
+        model = load_policy(model_dir)[0].to(next(self.model.parameters()).device).eval().requires_grad_(False)
         return replace(self, model=model)
 
 

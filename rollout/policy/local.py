@@ -28,7 +28,7 @@ from transformers import Qwen3VLForConditionalGeneration
 from model.inputs import build_inputs, forward_logprobs, inputs_from_ids, stop_token_ids, suppressed_token_ids
 from model.prompt import PromptConfig, render_prompt
 from model.sampling import Sampled, Sampling, sample_batch
-from model.tiny_vlm import ensure_tiny_vlm, load_tiny_vlm
+from model.policy import ensure_policy, load_policy
 from schemas.observation import Observation, PolicyOutput
 
 if TYPE_CHECKING:
@@ -58,8 +58,8 @@ class LocalPolicy:
         `max_batch`: the most prompts decoded together (1: each alone, as before batching)."""
         if num_threads is not None:
             torch.set_num_threads(num_threads)
-        path = Path(model_dir) if model_dir is not None else ensure_tiny_vlm()
-        self.model, self.tokenizer, self.image_processor = load_tiny_vlm(path)
+        path = Path(model_dir) if model_dir is not None else ensure_policy()
+        self.model, self.tokenizer, self.image_processor = load_policy(path)
         self.version = version
         self.max_new_tokens = max_new_tokens
         self.temperature = temperature

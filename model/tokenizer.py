@@ -1,17 +1,7 @@
-"""A tiny, randomly initialised Qwen3-VL (same class family as the real VLM) for CPU runs.
-
-No hub downloads are possible, so everything is built here:
-- a byte-level BPE tokenizer (Qwen2's pre-tokenizer regex, Qwen's special tokens) trained in about a
-  second on a corpus this module generates (rendered prompts of synthetic pages, JSON actions, web
-  words); deterministic and cached by corpus hash;
-- a `Qwen3VLForConditionalGeneration` of ~5M parameters (4 text layers, 2 vision layers);
-- the slow PIL `Qwen2VLImageProcessorPil` (no torchvision needed) with Qwen3-VL's patch 16 / merge 2
-  / mean-std 0.5, capped at 448x256 pixels: a 1280x720 screenshot becomes 448x224, i.e. a 28x14
-  patch grid and 98 image tokens after the 2x2 merge.
-
-`save_tiny_vlm` writes a standard HF directory (config.json, model.safetensors, generation_config,
-tokenizer.json + chat template, preprocessor_config.json) that `load_tiny_vlm` and, on a GPU,
-vLLM can read.
+"""The tokenizer the project trains itself (no hub downloads are possible): a byte-level BPE with
+Qwen2's pre-tokenizer regex and Qwen's special tokens, trained in about a second on a corpus this
+module generates (rendered prompts of synthetic pages, JSON actions, web words); deterministic and
+cached by corpus hash. A real Qwen3-VL checkpoint brings its own tokenizer instead (`model.policy`).
 """
 
 from __future__ import annotations
@@ -21,25 +11,15 @@ import json
 import os
 import random
 import re
-import shutil
-import tempfile
-import time
 from pathlib import Path
 
 import tokenizers
-import torch
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
-from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen3VLConfig, Qwen3VLForConditionalGeneration
-from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
-from transformers.utils import logging as hf_logging
+from transformers import PreTrainedTokenizerFast
 
 from model.prompt import CHAT_TEMPLATE, render_prompt
 from pipeline.files import write_atomic
 from schemas.observation import Mark, Observation, PastStep
-
-# A pool loads every published version in place, dozens a run: a "Loading weights" bar each time is
-# noise in every log. Our checkpoints are megabytes; loading is not worth a progress bar.
-hf_logging.disable_progress_bar()
 
 SPECIAL_TOKENS = [
     "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>",
@@ -54,23 +34,11 @@ PRETOKENIZE_REGEX = (
     r"""| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
 )
 VOCAB_SIZE = 4096
-
-TEXT_CONFIG = dict(
-    hidden_size=192, intermediate_size=512, num_hidden_layers=4, num_attention_heads=3, num_key_value_heads=1,
-    head_dim=64, max_position_embeddings=8192, rms_norm_eps=1e-6,
-    # mrope sections (temporal, height, width) must sum to head_dim / 2.
-    rope_parameters={"rope_type": "default", "rope_theta": 5_000_000.0, "mrope_section": [16, 8, 8],
-                     "mrope_interleaved": True},
-)  # fmt: skip
-VISION_CONFIG = dict(
-    depth=2, hidden_size=128, intermediate_size=512, num_heads=2, patch_size=16, spatial_merge_size=2,
-    temporal_patch_size=2, num_position_embeddings=1024, deepstack_visual_indexes=[0],
-)  # fmt: skip
-IMAGE_PIXELS = (32 * 32, 448 * 256)
-"""(min, max) pixels after resizing; sides are multiples of patch * merge = 32."""
+MAX_LENGTH = 8192
+"""Longest sequence (tokens) the tokenizer declares; the tiny model's context."""
 
 HOME = Path(os.environ.get("AWRL_HOME", Path(__file__).resolve().parents[1] / ".awrl"))
-DEFAULT_MODEL_DIR = HOME / "models" / "tiny-vlm"
+"""Where the project keeps its models and caches (`.awrl` in the checkout)."""
 
 WORDS = """
 home search results cart checkout login logout sign in up account profile settings help about contact
@@ -91,100 +59,6 @@ ROLES = ["button", "link", "input", "select", "checkbox", "textbox", "option", "
 KEYS = ["Enter", "Tab", "Escape", "Backspace", "ArrowDown", "ArrowUp", "PageDown"]
 
 
-def build_tiny_vlm(seed: int = 0) -> tuple[Qwen3VLForConditionalGeneration, PreTrainedTokenizerFast]:
-    """A fresh float32 model (weights fixed by `seed`) and the cached tokenizer."""
-    tokenizer = train_tokenizer()
-    with torch.random.fork_rng(devices=[]):  # seed the init without disturbing the caller's RNG
-        torch.manual_seed(seed)
-        model = Qwen3VLForConditionalGeneration(build_config(tokenizer)).float().eval()
-    model.generation_config = GenerationConfig(
-        eos_token_id=[tokenizer.convert_tokens_to_ids(t) for t in STOP_TOKENS],
-        pad_token_id=tokenizer.pad_token_id,
-    )
-    return model, tokenizer
-
-
-def build_config(tokenizer: PreTrainedTokenizerFast) -> Qwen3VLConfig:
-    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
-    eos, pad = ids["<|im_end|>"], ids["<|endoftext|>"]
-    text = dict(TEXT_CONFIG, vocab_size=len(tokenizer), eos_token_id=eos, pad_token_id=pad)
-    vision = dict(VISION_CONFIG, out_hidden_size=TEXT_CONFIG["hidden_size"])
-    return Qwen3VLConfig(
-        text_config=text, vision_config=vision, image_token_id=ids["<|image_pad|>"],
-        video_token_id=ids["<|video_pad|>"], vision_start_token_id=ids["<|vision_start|>"],
-        vision_end_token_id=ids["<|vision_end|>"], eos_token_id=eos, pad_token_id=pad, tie_word_embeddings=False,
-    )  # fmt: skip
-
-
-def make_image_processor() -> Qwen2VLImageProcessorPil:
-    min_px, max_px = IMAGE_PIXELS
-    return Qwen2VLImageProcessorPil(
-        patch_size=VISION_CONFIG["patch_size"], merge_size=VISION_CONFIG["spatial_merge_size"],
-        temporal_patch_size=VISION_CONFIG["temporal_patch_size"], image_mean=[0.5] * 3, image_std=[0.5] * 3,
-        size={"shortest_edge": min_px, "longest_edge": max_px},
-    )  # fmt: skip
-
-
-def save_tiny_vlm(model, tokenizer, model_dir: str | Path, overwrite: bool = True, image_processor=None,
-                  state_dict: dict | None = None) -> Path:
-    """Write a standard HF model directory (atomically: built aside, then renamed into place).
-    `image_processor`: the model's own (a loaded checkpoint's); None writes the tiny model's.
-    `state_dict`: the full weights to write when `model`'s own are sharded (FSDP2)."""
-    final = Path(model_dir)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=final.name + ".", dir=final.parent))
-    try:
-        model.save_pretrained(tmp, state_dict=state_dict)
-        tokenizer.save_pretrained(tmp)
-        _declare_qwen2_tokenizer(tmp / "tokenizer_config.json")
-        (image_processor or make_image_processor()).save_pretrained(tmp)
-        _make_readable(tmp)
-        if overwrite and final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return final
-
-
-def _make_readable(directory: Path) -> None:
-    # mkdtemp (and the shard writer) create owner-only files; a vLLM container may run as another user.
-    os.chmod(directory, 0o755)
-    for path in directory.iterdir():
-        os.chmod(path, 0o644)
-
-
-def _declare_qwen2_tokenizer(config_path: Path) -> None:
-    """Name the class Qwen checkpoints use, so AutoTokenizer (and vLLM, on any transformers version)
-    builds a Qwen2 tokenizer; it reproduces tokenizer.json's encoding exactly (tested)."""
-    config = json.loads(config_path.read_text())
-    config["tokenizer_class"] = "Qwen2Tokenizer"
-    config_path.write_text(json.dumps(config, indent=2) + "\n")
-
-
-def load_tiny_vlm(model_dir: str | Path):
-    """(model, tokenizer, image_processor) from a directory written by `save_tiny_vlm`."""
-    model_dir = Path(model_dir)
-    model = Qwen3VLForConditionalGeneration.from_pretrained(model_dir, dtype=torch.float32).eval()
-    tokenizer = PreTrainedTokenizerFast.from_pretrained(model_dir)
-    return model, tokenizer, Qwen2VLImageProcessorPil.from_pretrained(model_dir)
-
-
-def ensure_tiny_vlm(model_dir: str | Path | None = None, seed: int = 0) -> Path:
-    """The model directory, built and saved on first use (default `.awrl/models/tiny-vlm`)."""
-    path = Path(model_dir) if model_dir is not None else DEFAULT_MODEL_DIR
-    if not (path / "config.json").exists():
-        try:
-            save_tiny_vlm(*build_tiny_vlm(seed), path, overwrite=False)
-        except OSError:  # another process built it first (its rename won); theirs is as good
-            if not (path / "config.json").exists():
-                raise
-    return path
-
-
-# --- tokenizer -------------------------------------------------------------------------------------
-
-
 def train_tokenizer(vocab_size: int = VOCAB_SIZE, cache_dir: Path | None = None) -> PreTrainedTokenizerFast:
     """Train (or load from cache) the byte-level BPE tokenizer; same corpus -> same vocabulary."""
     corpus = build_corpus()
@@ -201,7 +75,7 @@ def train_tokenizer(vocab_size: int = VOCAB_SIZE, cache_dir: Path | None = None)
 def wrap_tokenizer(tok: Tokenizer) -> PreTrainedTokenizerFast:
     hf = PreTrainedTokenizerFast(
         tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>", unk_token=None,
-        model_max_length=TEXT_CONFIG["max_position_embeddings"],
+        model_max_length=MAX_LENGTH,
     )  # fmt: skip
     hf.chat_template = CHAT_TEMPLATE
     return hf
@@ -309,11 +183,3 @@ def _synthetic_response(rng: random.Random) -> str:
     memory = {rng.choice(WORDS): _phrase(rng, 1, 4)}
     action = json.loads(_synthetic_action(rng))
     return json.dumps({"thought": _phrase(rng, 3, 12), "memory": memory, "action": action})
-
-
-if __name__ == "__main__":  # python -m model.tiny_vlm [DIR]: build the default model directory
-    import sys
-
-    t0 = time.perf_counter()
-    out = ensure_tiny_vlm(sys.argv[1] if len(sys.argv) > 1 else None)
-    print(f"{out} ready in {time.perf_counter() - t0:.1f}s")
