@@ -31,6 +31,7 @@ from app.output import Format
 from app.training import RunConfig
 from pipeline.settings import stack_dir
 from trainer.config import TrainConfig
+from trainer.launch import Nodes
 
 T = TypeVar("T")
 Flat = tyro.conf.arg(name="")
@@ -42,6 +43,7 @@ class TrainCommand:
     train: Annotated[TrainConfig, Flat] = TrainConfig(run_id=os.environ.get("AWRL_RUN_ID", ""))
     nproc: int = 1
     """Trainer processes on this node (torchrun --nproc_per_node); FSDP2 shards over all of them."""
+    nodes: Annotated[Nodes, Flat] = Nodes()
 
 
 @dataclass(frozen=True)

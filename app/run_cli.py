@@ -86,15 +86,21 @@ def train(ctx: typer.Context) -> None:
     from trainer.launch import launch
 
     cmd = parse_args("train", ctx.args)
+    nodes = cmd.nodes
     if not cmd.train.run_id:
         raise fail("--run-id is required (or AWRL_RUN_ID): the run whose groups to train on")
-    settings = StackSettings()
-    producer = EventProducer(settings, client_id="train")
-    try:
-        record_start(producer, cmd.train.run_id, "train", cmd.train)
-    finally:
-        producer.close()
-    raise typer.Exit(launch(cmd.train, cmd.nproc))
+    if nodes.nnodes > 1 and not nodes.rdzv_endpoint:
+        raise fail("--rdzv-endpoint HOST:PORT is required with --nnodes above 1 (an address of node 0)")
+    if not 0 <= nodes.node_rank < nodes.nnodes:
+        raise fail(f"--node-rank {nodes.node_rank} is outside 0..{nodes.nnodes - 1}")
+    if nodes.node_rank == 0:  # the run's start is recorded once, by the node that holds rank 0
+        settings = StackSettings()
+        producer = EventProducer(settings, client_id="train")
+        try:
+            record_start(producer, cmd.train.run_id, "train", cmd.train)
+        finally:
+            producer.close()
+    raise typer.Exit(launch(cmd.train, cmd.nproc, nodes=nodes))
 
 
 def rollout(

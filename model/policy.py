@@ -61,12 +61,14 @@ def save_policy(model, tokenizer, model_dir: str | Path, overwrite: bool = True,
                 state_dict: dict | None = None) -> Path:
     """Write a standard HF model directory (atomically: built aside, then renamed into place).
     `image_processor`: the model's own (a loaded checkpoint's); None writes the tiny model's.
-    `state_dict`: the full weights to write when `model`'s own are sharded (FSDP2)."""
+    `state_dict`: the full weights to write when `model`'s own are sharded (FSDP2); a tied weight is
+    written once, as for an unsharded model (gathered copies no longer share storage, by which
+    transformers would otherwise recognise the tie)."""
     final = Path(model_dir)
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=final.name + ".", dir=final.parent))
     try:
-        model.save_pretrained(tmp, state_dict=state_dict)
+        model.save_pretrained(tmp, state_dict=None if state_dict is None else stored_weights(model, state_dict))
         tokenizer.save_pretrained(tmp)
         _declare_qwen2_tokenizer(tmp / "tokenizer_config.json")
         (image_processor or make_image_processor()).save_pretrained(tmp)
@@ -77,6 +79,13 @@ def save_policy(model, tokenizer, model_dir: str | Path, overwrite: bool = True,
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return final
+
+
+def stored_weights(model, state_dict: dict) -> dict:
+    """`state_dict` as `save_policy` stores it: a tied weight (the 2B and 4B LM head) once, under the
+    name of the weight it shares, so its hash is the checkpoint's (`PolicyVersionPublished`)."""
+    tied = model.all_tied_weights_keys
+    return {k: v for k, v in state_dict.items() if k not in tied}
 
 
 def ensure_policy(model_dir: str | Path | None = None, seed: int = 0) -> Path:

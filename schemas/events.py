@@ -292,6 +292,7 @@ class PolicyVersionPublished(Event):
     version: Int64 = Field(ge=0)
     checkpoint_uri: str
     checkpoint_sha256: Sha256
+    """`pipeline.hashing.weights_sha256` of the weights as the checkpoint's safetensors hold them."""
     update_step: Int64 | None = None
     """The update that produced it; None for the initial policy."""
     parent_version: Int64 | None = None

@@ -61,7 +61,7 @@ def test_corrupted_screenshot_drops_its_group_and_training_goes_on(settings, tmp
     path.write_text(config.model_dump_json())
     log = tmp_path / "trainer.log"
     with log.open("w") as out:
-        proc = subprocess.Popen(torchrun_command(path, 1), env={**os.environ, **settings.environ()},
+        proc = subprocess.Popen(torchrun_command(config, path, 1), env={**os.environ, **settings.environ()},
                                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         try:
             wait_for_drop(settings, run_id, proc)

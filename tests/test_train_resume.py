@@ -1,6 +1,6 @@
-"""The trainer on the real stack from recorded events (no browsers): the `awrl train` entry point,
-resume after a normal stop, and after SIGKILL of the whole torchrun process group: versions continue,
-no group is trained twice, none is lost."""
+"""The trainer on the real stack from recorded events (no browsers): the `awrl train` entry point on
+two nodes and a published architecture, resume after a normal stop with another node count, and after
+SIGKILL of the whole torchrun process group: versions continue, no group is trained twice, none is lost."""
 
 from __future__ import annotations
 
@@ -15,11 +15,17 @@ import uuid
 from collections import Counter
 from pathlib import Path
 
+import torch
+
 from analysis.replay import replay
+from model.architectures import make_policy
+from model.policy import save_policy
 from model.prompt import render_prompt
 from pipeline.bus import EventProducer, read_log
+from pipeline.checkpoints import CheckpointStore
 from pipeline.hashing import sha256_hex
 from pipeline.ledger import LedgerWriter
+from pipeline.stack.process import free_port
 from pipeline.store import ScreenshotStore
 from pipeline.topics import TRAINER
 from rollout.policy.local import LocalPolicy
@@ -37,21 +43,19 @@ def _policy() -> LocalPolicy:
     return LocalPolicy(max_new_tokens=10, seed=2)
 
 
-def publish_groups(settings, run_id: str, groups: int, first: int = 0) -> list[str]:
-    """Groups of two one-step trajectories (rewards 1, 0) sampled from the tiny VLM, as a pool would.
-    `first` numbers a later batch of the same run after the earlier ones."""
+def publish_groups(settings, run_id: str, groups: int, first: int = 0, policy: LocalPolicy | None = None) -> list[str]:
+    """Groups of two one-step trajectories (rewards 1, 0) sampled from `policy` (the tiny VLM), as a
+    pool would. `first` numbers a later batch of the same run after the earlier ones."""
+    policy = policy or _policy()
     store, producer, ids = ScreenshotStore.from_settings(settings), EventProducer(settings), []
     store.ensure_bucket()
     for g in range(first, first + groups):
         group_id, events, tids = f"{run_id}-g{g}", [], []
         for t in range(2):
             png = render_page(f"{run_id} {g} {t}", size=(320, 240), seed=g * 2 + t)
-            obs = Observation(instruction="buy it", screenshots=[png], screenshot_sha256=[sha256_hex(png)],
-                              url="http://127.0.0.1/", feedback="", history=[], memory={},
-                              marks=[Mark(1, "button", "Buy", 10, 10, 50, 20)], som=True, step=0, horizon=10,
-                              viewport=(320, 240))
+            obs = _observation(png, sha256_hex(png))
             store.put(png)
-            out = _policy().generate(*render_prompt(obs))
+            out = policy.generate(*render_prompt(obs))
             tids.append(f"{group_id}-t{t}")
             events.append(sample_step(run_id, group_id, tids[-1], 0, sha256_hex(png)).model_copy(update={
                 "prompt_token_ids": out.prompt_token_ids, "response_token_ids": out.response_token_ids,
@@ -65,6 +69,12 @@ def publish_groups(settings, run_id: str, groups: int, first: int = 0) -> list[s
     return ids
 
 
+def _observation(png: bytes, sha: str) -> Observation:
+    return Observation(instruction="buy it", screenshots=[png], screenshot_sha256=[sha], url="http://127.0.0.1/",
+                       feedback="", history=[], memory={}, marks=[Mark(1, "button", "Buy", 10, 10, 50, 20)], som=True,
+                       step=0, horizon=10, viewport=(320, 240))
+
+
 def trainer_events(settings, run_id: str):
     return [e for e in read_log(settings, TRAINER) if e.run_id == run_id]
 
@@ -73,28 +83,60 @@ def published(events) -> list[PolicyVersionPublished]:
     return sorted((e for e in events if isinstance(e, PolicyVersionPublished)), key=lambda e: e.version)
 
 
-def test_awrl_train_cli_trains_and_resumes(settings):
-    run_id = f"cli-{uuid.uuid4().hex[:6]}"
-    groups = publish_groups(settings, run_id, 3)
+def test_two_nodes_train_a_qwen3_vl_2b_architecture_one_node_resumes_and_replay_is_exact(settings, tmp_path):
+    """The whole path on a published architecture (Qwen3-VL-2B, 16x narrower, every layer kept):
+    sampling, two `awrl train` processes as two nodes of one rank each (c10d rendezvous on 127.0.0.1)
+    training two updates, one node resuming with a different node count, the sampler reloading the
+    published version, and replay reproducing every update bit for bit."""
+    model, tokenizer = make_policy("qwen3-vl-2b", narrow=16, seed=3)
+    model_dir = save_policy(model, tokenizer, tmp_path / "qwen3-vl-2b-narrow16")
+    sampler = LocalPolicy(model_dir, max_new_tokens=10, seed=2, checkpoints=CheckpointStore.from_settings(settings))
+    run_id = f"nodes-{uuid.uuid4().hex[:6]}"
+    groups = publish_groups(settings, run_id, 3, policy=sampler)
     env = {**os.environ, **settings.environ()}
+    train = [sys.executable, "-m", "app.cli", "train", "--run-id", run_id, "--model-dir", str(model_dir),
+             "--groups-per-update", "1", "--batch-timeout-s", "20", "--kl-coef", "0.1"]
 
-    def train(max_updates: int, nproc: int) -> None:
-        cmd = [sys.executable, "-m", "app.cli", "train", "--run-id", run_id, "--groups-per-update", "1",
-               "--max-updates", str(max_updates), "--batch-timeout-s", "20", "--kl-coef", "0.1", "--nproc", str(nproc)]
-        out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-        assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    endpoint = f"127.0.0.1:{free_port()}"
+    nodes = [subprocess.Popen([*train, "--max-updates", "2", "--nnodes", "2", "--node-rank", str(rank),
+                               "--rdzv-endpoint", endpoint], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, start_new_session=True) for rank in (0, 1)]
+    try:
+        outputs = [node.communicate(timeout=400)[0] for node in nodes]
+    finally:
+        for node in nodes:
+            if node.poll() is None:
+                os.killpg(node.pid, signal.SIGKILL)
+    assert [node.returncode for node in nodes] == [0, 0], "\n".join(o[-2500:] for o in outputs)
+    events = trainer_events(settings, run_id)
+    assert [v.version for v in published(events)] == [0, 1, 2]
+    assert all(u.world_size == 2 for u in events if isinstance(u, UpdateApplied))
 
-    train(2, nproc=1)
-    assert [v.version for v in published(trainer_events(settings, run_id))] == [0, 1, 2]
-    train(3, nproc=2)  # resumes at version 2, its 1-rank DCP state resharded over 2 ranks, and trains the last group
+    # one node, one rank: the 2-rank DCP state resharded, the last group trained
+    out = subprocess.run([*train, "--max-updates", "3"], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
     events = trainer_events(settings, run_id)
     versions = published(events)
     assert [v.version for v in versions] == [0, 1, 2, 3] and versions[-1].parent_version == 2
     updates = sorted((e for e in events if isinstance(e, UpdateApplied)), key=lambda u: u.update_step)
+    assert [u.world_size for u in updates] == [2, 2, 1]
     assert sorted(g for u in updates for g in u.group_ids) == sorted(groups)
+    assert [v.checkpoint_sha256 == stored_sha256(settings, v) for v in versions] == [True] * 4
     # pi_ref stays version 0 across the restart: each step's KL is measured before it moves the weights,
     # so the first is 0 and the resumed one (at v2) is not, as it would be with the resume point as pi_ref
     assert updates[0].stats["kl_ref"] == 0 and updates[2].stats["kl_ref"] > 0
+
+    # the sampler loads the last version in place and acts with it
+    before = {k: v.clone() for k, v in sampler.model.state_dict().items()}
+    sampler.load_weights(versions[-1].version, versions[-1].checkpoint_uri)
+    assert any(not torch.equal(v, before[k]) for k, v in sampler.model.state_dict().items())
+    png = render_page("after the update", size=(320, 240), seed=9)
+    act = sampler.generate(*render_prompt(_observation(png, sha256_hex(png))))
+    assert set(act.token_policy_versions) == {3}
+
+    ledger = settings.model_copy(update={"ledger_uri": str(tmp_path / "ledger")})
+    LedgerWriter(ledger).sync(idle_exit_s=2)
+    assert [b.exact for b in replay(ledger, run_id)] == [True, True, True]
 
 
 def test_sigkilled_trainer_resumes_without_losing_or_repeating_a_group(settings, tmp_path):
@@ -106,7 +148,7 @@ def test_sigkilled_trainer_resumes_without_losing_or_repeating_a_group(settings,
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "config.json"
         path.write_text(config.model_dump_json())
-        proc = subprocess.Popen(torchrun_command(path, 2), env=env, start_new_session=True,
+        proc = subprocess.Popen(torchrun_command(config, path, 2), env=env, start_new_session=True,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 240
         while time.monotonic() < deadline and len(published(trainer_events(settings, run_id))) < 3:
@@ -115,7 +157,7 @@ def test_sigkilled_trainer_resumes_without_losing_or_repeating_a_group(settings,
         proc.wait(timeout=30)
         killed_at = len(published(trainer_events(settings, run_id))) - 1
         assert 2 <= killed_at < 5
-        out = subprocess.run(torchrun_command(path, 2), env=env, capture_output=True, text=True, timeout=300)
+        out = subprocess.run(torchrun_command(config, path, 2), env=env, capture_output=True, text=True, timeout=300)
         assert out.returncode == 0, out.stderr[-3000:]
 
     events = trainer_events(settings, run_id)

@@ -7,26 +7,50 @@ import signal
 import subprocess
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
 from trainer.config import TrainConfig
 
 
-def torchrun_command(config_path: Path, nproc: int) -> list[str]:
-    """The single-node launch; `python -m torch.distributed.run` is what the `torchrun` script runs."""
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+@dataclass(frozen=True)
+class Nodes:
+    """This node's place among the run's nodes: every node runs the same `awrl train`, each with its own
+    `--node-rank`, and torchrun's c10d rendezvous joins their processes into one FSDP2 world."""
+
+    nnodes: int = 1
+    """Nodes in the run (torchrun --nnodes); 1 is a standalone launch."""
+    node_rank: int = 0
+    """This node's index, 0 to nnodes - 1 (torchrun --node-rank); node 0's first process is rank 0."""
+    rdzv_endpoint: str = ""
+    """host:port of the rendezvous, an address of node 0 that every node reaches (e.g. 10.0.0.1:29400);
+    required with several nodes."""
+
+
+def torchrun_command(config: TrainConfig, config_path: Path, nproc: int, nodes: Nodes = Nodes()) -> list[str]:
+    """The launch; `python -m torch.distributed.run` is what the `torchrun` script runs."""
+    if nodes.nnodes == 1:
+        where = ["--standalone"]
+    else:
+        if not nodes.rdzv_endpoint:
+            raise ValueError("--rdzv-endpoint HOST:PORT is required with --nnodes above 1")
+        if not 0 <= nodes.node_rank < nodes.nnodes:
+            raise ValueError(f"--node-rank {nodes.node_rank} is outside 0..{nodes.nnodes - 1}")
+        where = [f"--nnodes={nodes.nnodes}", f"--node-rank={nodes.node_rank}", "--rdzv-backend=c10d",
+                 f"--rdzv-endpoint={nodes.rdzv_endpoint}", f"--rdzv-id={config.run_id}"]
+    return [sys.executable, "-m", "torch.distributed.run", *where, f"--nproc_per_node={nproc}",
             "-m", "trainer.train", "--config", str(config_path)]
 
 
 def start(config: TrainConfig, nproc: int = 1, env: dict[str, str] | None = None,
-          log: IO | None = None, cpus: str | None = None) -> subprocess.Popen:
+          log: IO | None = None, cpus: str | None = None, nodes: Nodes = Nodes()) -> subprocess.Popen:
     """Start the trainer in `nproc` processes, in a process group of its own (see `stop`). `cpus`:
     run them on these cores only (`taskset -c`, e.g. "1"), as when rollout and training each get
     their own share of the machine."""
     path = Path(tempfile.mkdtemp(prefix="awrl-train-")) / "config.json"
     path.write_text(config.model_dump_json(indent=2))
-    command = torchrun_command(path, nproc)
+    command = torchrun_command(config, path, nproc, nodes)
     if cpus is not None:
         command = ["taskset", "-c", cpus, *command]
     return subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT if log else None,
@@ -46,9 +70,9 @@ def stop(proc: subprocess.Popen, timeout_s: float = 30.0) -> int:
     return proc.returncode
 
 
-def launch(config: TrainConfig, nproc: int = 1, env: dict[str, str] | None = None) -> int:
-    """Run the trainer in `nproc` processes until it stops; its exit status."""
-    proc = start(config, nproc, env)
+def launch(config: TrainConfig, nproc: int = 1, env: dict[str, str] | None = None, nodes: Nodes = Nodes()) -> int:
+    """Run the trainer in `nproc` processes on this node until it stops; its exit status."""
+    proc = start(config, nproc, env, nodes=nodes)
     try:
         return proc.wait()
     finally:

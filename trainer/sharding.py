@@ -33,6 +33,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
+from model.policy import load_shards, materialize, policy_on_meta
 from pipeline.hashing import combined_sha256, weights_sha256
 
 
@@ -57,6 +58,18 @@ def shard_model(model: torch.nn.Module, mesh: DeviceMesh, bf16: bool = False,
         if isinstance(module, FSDPModule):
             module.set_gradient_divide_factor(1.0)  # the loss is a sum over the batch: sum the gradients
             module.set_force_sum_reduction_for_comms(True)  # SUM, never AVG/PREMUL_SUM (gloo has neither)
+    return model
+
+
+def sharded_policy(model_dir, mesh: DeviceMesh, device: torch.device, bf16: bool = False,
+                   activation_checkpointing: bool = False, weights: bool = True) -> torch.nn.Module:
+    """The directory's policy, sharded, without any rank holding it whole: built on the meta device,
+    sharded, allocated (only this rank's slices) and, with `weights`, filled with this rank's rows of
+    the directory's safetensors. `weights=False` leaves the slices for a DCP load to fill (resume)."""
+    model = shard_model(policy_on_meta(model_dir), mesh, bf16=bf16, activation_checkpointing=activation_checkpointing)
+    materialize(model, device)
+    if weights:
+        load_shards(model, model_dir)
     return model
 
 
