@@ -14,14 +14,14 @@ gathered copy is the transient every forward adds. Writes bench/out/fsdp_memory.
 
 from __future__ import annotations
 
-import json
+import sys
 from pathlib import Path
 
-import typer
-from rich.console import Console
-from rich.table import Table
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/tables.py
 
-console = Console()
+import typer
+from tables import console, show, write_json
+
 VOCAB = 151_936
 
 
@@ -65,21 +65,13 @@ def main(arch: str = "qwen3-vl-8b", worlds: str = "8,16,64") -> None:
     gb = 1e9
     head = ["ranks", "params / rank GB", "grads / rank GB", "AdamW / rank GB", "state / rank GB",
             "largest unit, bf16 gathered GB"]
-    table = Table(title=f"{arch}: {rows[0]['params']:,} parameters, fp32 master weights, rank 0 (the largest slices)")
-    for col in head:
-        table.add_column(col)
-    md = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    table = []
     for r in rows:
         state = r["params_bytes"] + r["grads_bytes"] + r["optimizer_bytes"]
-        row = [str(r["world"]), f"{r['params_bytes'] / gb:.3f}", f"{r['grads_bytes'] / gb:.3f}",
-               f"{r['optimizer_bytes'] / gb:.3f}", f"{state / gb:.3f}", f"{r['largest_unit_params'] * 2 / gb:.3f}"]
-        table.add_row(*row)
-        md.append("| " + " | ".join(row) + " |")
-    console.print(table)
-    console.print("\n".join(md), markup=False, highlight=False)
-    out = Path(__file__).parent / "out"
-    out.mkdir(exist_ok=True)
-    (out / "fsdp_memory.json").write_text(json.dumps({"arch": arch, "rows": rows}))
+        table.append([str(r["world"]), f"{r['params_bytes'] / gb:.3f}", f"{r['grads_bytes'] / gb:.3f}",
+                      f"{r['optimizer_bytes'] / gb:.3f}", f"{state / gb:.3f}", f"{r['largest_unit_params'] * 2 / gb:.3f}"])
+    show(f"{arch}: {rows[0]['params']:,} parameters, fp32 master weights, rank 0 (the largest slices)", head, table)
+    write_json("fsdp_memory", {"arch": arch, "rows": rows})
 
 
 if __name__ == "__main__":

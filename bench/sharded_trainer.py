@@ -35,10 +35,8 @@ import time
 from dataclasses import asdict
 
 import typer
-from rich.console import Console
-from rich.table import Table
+from tables import console, show, write_json
 
-console = Console()
 SIZES = {"tiny": {}, "bench": dict(hidden_size=512, intermediate_size=1536, num_hidden_layers=8, num_attention_heads=8,
                                    num_key_value_heads=2)}
 
@@ -200,26 +198,17 @@ def report(results: dict, groups: int, size: str, steps: int) -> None:
     base = results[first][0]
     head = ["path", "ranks", "update s (median)", f"vs {first} x1", "peak RSS / rank MiB",
             "params+grads+Adam / rank MiB", f"state vs {first} x1"]
-    table = Table(title=f"{size} model ({params / 1e6:.1f}M parameters): {groups} groups, {steps} steps")
-    for col in head:
-        table.add_column(col)
-    md = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     base_time = statistics.median(base["time_s"])
     base_state = base["params_bytes"] + base["grads_bytes"] + base["optimizer_bytes"]
+    rows = []
     for name, ranks in results.items():
         mode, n = name.rsplit("-", 1)
         t = statistics.median(ranks[0]["time_s"])
         state = max(r["params_bytes"] + r["grads_bytes"] + r["optimizer_bytes"] for r in ranks)
-        row = [mode, n, f"{t:.2f}", f"{t / base_time:.2f}x", f"{max(r['peak_bytes'] for r in ranks) / mib:.0f}",
-               f"{state / mib:.1f}", f"{state / base_state:.2f}x"]
-        table.add_row(*row)
-        md.append("| " + " | ".join(row) + " |")
-    console.print(table)
-    console.print("\n".join(md), markup=False, highlight=False)
-    out = Path(__file__).parent / "out"
-    out.mkdir(exist_ok=True)
-    (out / "sharded_trainer.json").write_text(json.dumps({"groups": groups, "size": size, "params": params,
-                                                          **results}))
+        rows.append([mode, n, f"{t:.2f}", f"{t / base_time:.2f}x", f"{max(r['peak_bytes'] for r in ranks) / mib:.0f}",
+                     f"{state / mib:.1f}", f"{state / base_state:.2f}x"])
+    show(f"{size} model ({params / 1e6:.1f}M parameters): {groups} groups, {steps} steps", head, rows)
+    write_json("sharded_trainer", {"groups": groups, "size": size, "params": params, **results})
 
 
 if __name__ == "__main__":

@@ -24,11 +24,11 @@ import tempfile
 import time
 from pathlib import Path
 
-import typer
-from rich.console import Console
-from rich.table import Table
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/tables.py
 
-console = Console()
+import typer
+from tables import console, show, write_json
+
 MODES = ("whole-then-shard", "meta-then-rows")
 
 
@@ -132,27 +132,19 @@ def report(results: dict, params: int, narrow: int, stored: str) -> None:
     mib = 2 ** 20
     head = ["path", "ranks", "peak RSS over start / rank MiB", "of it private (anon) MiB", "file pages MiB",
             "held after / rank MiB", "seconds", "private vs before", "weights digest"]
-    table = Table(title=f"Qwen3-VL-2B architecture / {narrow} ({params / 1e6:.1f}M parameters, "
-                        f"{params * 4 / mib:.0f} MiB in fp32), stored in {stored}")
-    for col in head:
-        table.add_column(col)
-    md = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    def worst(key: str, name: str) -> int:
+        return max(r[key] for r in results[name]["ranks"])
+
+    table = []
     for name, result in results.items():
         mode, n = name.split(" x")
-        def worst(key: str, name: str = name) -> int:
-            return max(r[key] for r in results[name]["ranks"])
-        row = [mode, n, f"{worst('peak_over_start') / mib:.0f}", f"{worst('anon_peak') / mib:.0f}",
-               f"{worst('file_peak') / mib:.0f}", f"{worst('held_after') / mib:.0f}", f"{worst('seconds'):.1f}",
-               f"{worst('anon_peak') / worst('anon_peak', f'{MODES[0]} x{n}'):.2f}x",
-               result["digest"][:12]]
-        table.add_row(*row)
-        md.append("| " + " | ".join(row) + " |")
-    console.print(table)
-    console.print("\n".join(md), markup=False, highlight=False)
-    out = Path(__file__).parent / "out"
-    out.mkdir(exist_ok=True)
-    (out / "trainer_startup.json").write_text(json.dumps({"params": params, "narrow": narrow, "stored": stored,
-                                                          **results}))
+        table.append([mode, n, *(f"{worst(k, name) / mib:.0f}" for k in ("peak_over_start", "anon_peak", "file_peak",
+                                                                            "held_after")),
+                      f"{worst('seconds', name):.1f}",
+                      f"{worst('anon_peak', name) / worst('anon_peak', f'{MODES[0]} x{n}'):.2f}x", result["digest"][:12]])
+    show(f"Qwen3-VL-2B architecture / {narrow} ({params / 1e6:.1f}M parameters, {params * 4 / mib:.0f} MiB in fp32), "
+         f"stored in {stored}", head, table)
+    write_json("trainer_startup", {"params": params, "narrow": narrow, "stored": stored, **results})
 
 
 if __name__ == "__main__":
