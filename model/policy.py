@@ -17,6 +17,7 @@ import json
 import os
 import shutil
 import tempfile
+from contextlib import ExitStack
 from pathlib import Path
 
 import torch
@@ -127,7 +128,13 @@ def load_shards(model: torch.nn.Module, model_dir: str | Path) -> None:
     """Copy each parameter's local rows from the directory's safetensors into `model`: under FSDP2 a
     rank reads only its dim-0 slice of every weight (memory-mapped, never the whole tensor)."""
     files = _weight_files(Path(model_dir))
-    handles = {path: safe_open(path, framework="pt") for path in set(files.values())}
+    with ExitStack() as opened:  # the files' maps are closed once every row is copied out
+        handles = {path: opened.enter_context(safe_open(path, framework="pt")) for path in set(files.values())}
+        _copy_rows(model, model_dir, files, handles)
+
+
+def _copy_rows(model: torch.nn.Module, model_dir, files: dict, handles: dict) -> None:
+    """`load_shards` over open files: each parameter's local rows, its shape checked against the file's."""
     for name, param in model.named_parameters():
         if name not in files:
             raise PolicyLoadError(f"{model_dir}: no weight {name!r} in its safetensors files")

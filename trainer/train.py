@@ -168,10 +168,10 @@ def _start(config: TrainConfig, settings: StackSettings, device: torch.device) -
     dist.barrier()
     mesh = init_device_mesh(device.type, (world,))
 
-    def sharded(directory: Path, load: bool = True) -> torch.nn.Module:
+    def sharded(directory: Path, load: bool = True, frozen: bool = False) -> torch.nn.Module:
         """Built on the meta device, sharded, then only this rank's rows read: no rank holds the whole model."""
         return sharded_policy(directory, mesh, device, bf16=device.type == "cuda" and config.bf16,
-                              activation_checkpointing=config.activation_checkpointing, weights=load)
+                              activation_checkpointing=config.activation_checkpointing, weights=load, frozen=frozen)
 
     base = ensure_policy(config.model_dir)  # the tokenizer and image processor, which no update changes
     model = sharded(weights(latest) if not resumed else base, load=not resumed)
@@ -183,7 +183,7 @@ def _start(config: TrainConfig, settings: StackSettings, device: torch.device) -
                     ScreenshotStore.from_settings(settings).get)
     reference = None
     if config.kl_coef:  # pi_ref: version 0, frozen, sharded like the policy
-        reference = replace(scorer, model=sharded(weights(first)).eval().requires_grad_(False))
+        reference = replace(scorer, model=sharded(weights(first), frozen=True))
     t = _Trainer(config, settings, rank, world, scorer, reference, optimizer, checkpoints,
                  version=latest.version if latest else 0,
                  update_step=latest.update_step + 1 if latest and latest.update_step is not None else 0)
