@@ -89,10 +89,8 @@ def train(ctx: typer.Context) -> None:
     nodes = cmd.nodes
     if not cmd.train.run_id:
         raise fail("--run-id is required (or AWRL_RUN_ID): the run whose groups to train on")
-    if nodes.nnodes > 1 and not nodes.rdzv_endpoint:
-        raise fail("--rdzv-endpoint HOST:PORT is required with --nnodes above 1 (an address of node 0)")
-    if not 0 <= nodes.node_rank < nodes.nnodes:
-        raise fail(f"--node-rank {nodes.node_rank} is outside 0..{nodes.nnodes - 1}")
+    if problem := nodes.problem():
+        raise fail(problem)
     if nodes.node_rank == 0:  # the run's start is recorded once, by the node that holds rank 0
         settings = StackSettings()
         producer = EventProducer(settings, client_id="train")

@@ -27,16 +27,22 @@ class Nodes:
     """host:port of the rendezvous, an address of node 0 that every node reaches (e.g. 10.0.0.1:29400);
     required with several nodes."""
 
+    def problem(self) -> str | None:
+        """What makes this placement unusable, in the CLI's words; None when it is fine."""
+        if self.nnodes > 1 and not self.rdzv_endpoint:
+            return "--rdzv-endpoint HOST:PORT is required with --nnodes above 1 (an address of node 0)"
+        if not 0 <= self.node_rank < self.nnodes:
+            return f"--node-rank {self.node_rank} is outside 0..{self.nnodes - 1}"
+        return None
+
 
 def torchrun_command(config: TrainConfig, config_path: Path, nproc: int, nodes: Nodes = Nodes()) -> list[str]:
     """The launch; `python -m torch.distributed.run` is what the `torchrun` script runs."""
+    if problem := nodes.problem():
+        raise ValueError(problem)
     if nodes.nnodes == 1:
         where = ["--standalone"]
     else:
-        if not nodes.rdzv_endpoint:
-            raise ValueError("--rdzv-endpoint HOST:PORT is required with --nnodes above 1")
-        if not 0 <= nodes.node_rank < nodes.nnodes:
-            raise ValueError(f"--node-rank {nodes.node_rank} is outside 0..{nodes.nnodes - 1}")
         where = [f"--nnodes={nodes.nnodes}", f"--node-rank={nodes.node_rank}", "--rdzv-backend=c10d",
                  f"--rdzv-endpoint={nodes.rdzv_endpoint}", f"--rdzv-id={config.run_id}"]
     return [sys.executable, "-m", "torch.distributed.run", *where, f"--nproc_per_node={nproc}",

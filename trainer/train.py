@@ -49,14 +49,7 @@ from pipeline.topics import TRAINER
 from schemas import GroupDropped, PolicyVersionPublished, RankMemory, UpdateApplied
 from trainer.batch import BatchBuilder
 from trainer.config import TrainConfig
-from trainer.sharding import (
-    FSDPOptimizer,
-    peak_memory,
-    reset_peak_memory,
-    shard_model,
-    shard_sha256,
-    state_bytes,
-)
+from trainer.sharding import FSDPOptimizer, peak_memory, reset_peak_memory, shard_model, shard_sha256, state_bytes
 from trainer.state import full_state_dict, load_sharded, save_sharded
 from trainer.update import (
     Scored,
