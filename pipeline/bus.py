@@ -32,6 +32,14 @@ def topic_name(settings: StackSettings, topic: Topic) -> str:
     return f"{settings.topic_prefix}.{topic.name}"
 
 
+def group_name(settings: StackSettings, group: str) -> str:
+    """A consumer group is the prefix's, as its topics are: members of one group that read different
+    prefixes still rebalance together, and one that stops polling (its client keeps heartbeating)
+    held every other prefix's ledger writer out of the group for good (measured against the local
+    broker: a writer waited > 10 min to join)."""
+    return f"{settings.topic_prefix}.{group}"
+
+
 def create_topics(settings: StackSettings, topics: Iterable[Topic] = ALL_TOPICS) -> None:
     """Create the topics with their partition counts; existing ones are left alone."""
     admin = KafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap, client_id="awrl-admin")
@@ -191,7 +199,7 @@ class EventConsumer:
         # local broker); heartbeats keep a slow handler's member alive.
         self._kafka = KafkaConsumer(
             bootstrap_servers=settings.kafka_bootstrap,
-            group_id=group_id,
+            group_id=group_name(settings, group_id),
             client_id=client_id,
             enable_auto_commit=False,
             auto_offset_reset="earliest",
