@@ -300,7 +300,8 @@ class PolicyVersionPublished(Event):
     update_ids: list[str] = Field(default_factory=list)
     """`event_id`s of the `UpdateApplied` events that produced it from the parent (lineage)."""
     publish_s: float = Field(default=0.0, ge=0)
-    """Time to write the checkpoint to the object store."""
+    """Time from the end of its update until it was durable in the object store (the trainer ran the
+    next update meanwhile)."""
 
 
 class GroupDropped(Event):

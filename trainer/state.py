@@ -1,8 +1,8 @@
 """The trainer's state in the object store, in two forms.
 
 - Sharded, for resuming: parameters and AdamW moments as `torch.distributed.checkpoint` (DCP) files
-  under the version's `.trainer/dcp/` prefix. Each rank writes and uploads its own shards and reads
-  them back on resume; nothing is gathered on one rank, and DCP reshards if the world size changed.
+  under the version's `.trainer/dcp/` prefix. Each rank writes and uploads its own shards
+  (`trainer.versions`, in the background) and reads them back on resume; nothing is gathered on one rank, and DCP reshards if the world size changed.
 - Consolidated, for serving: the full weights gathered to rank 0 (`full_state_dict`), which writes
   the standard HF directory that the pool and vLLM load (`pipeline.checkpoints`).
 
@@ -17,7 +17,6 @@ import tempfile
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 from torch.distributed.checkpoint.state_dict import (
@@ -28,7 +27,6 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from pipeline.checkpoints import CheckpointStore
-from pipeline.store import patiently
 
 FOLDER = "dcp"
 
@@ -37,18 +35,6 @@ def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The whole model's weights on rank 0's CPU ({} on the other ranks). Every rank must call it.
     With one CPU process the tensors are the live parameters, not copies: use them before the next step."""
     return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-
-
-def save_sharded(store: CheckpointStore, run_id: str, version: int, model: torch.nn.Module,
-                 optimizer: torch.optim.Optimizer) -> None:
-    """Every rank writes its shards with DCP and uploads them; returns once all ranks have."""
-    model_state, optimizer_state = get_state_dict(model, optimizer)
-    with tempfile.TemporaryDirectory(prefix="awrl-dcp-") as tmp:
-        dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=tmp)
-        for path in sorted(Path(tmp).iterdir()):  # this rank's shard files (rank 0: also `.metadata`)
-            patiently(lambda path=path: store.put_state(path, run_id, version, f"{FOLDER}/{path.name}"),
-                      f"storing trainer state {path.name} of v{version}")
-    dist.barrier()
 
 
 def load_sharded(store: CheckpointStore, run_id: str, version: int, model: torch.nn.Module,

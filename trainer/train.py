@@ -9,17 +9,20 @@ N nodes x 8 GPUs (NCCL), on every node, with NODE = 0..N-1 and HEAD the address 
     # which runs: torchrun --nnodes N --node-rank $NODE --rdzv-backend c10d --rdzv-endpoint $HEAD:29400 \
     #     --rdzv-id RUN --nproc_per_node 8 -m trainer.train --config CONFIG.json
 
-Rank 0 alone talks to Kafka: it builds each batch (`trainer.batch`) and broadcasts it; after the step
-it publishes `UpdateApplied` + `PolicyVersionPublished` and commits the consumed offsets. The policy
+Rank 0 alone talks to Kafka: it builds each batch (`trainer.batch`) and broadcasts it; once the
+step's version is stored it publishes `UpdateApplied` + `PolicyVersionPublished` and commits the
+batch's offsets. The policy
 is sharded with FSDP2 (`trainer.sharding`): each rank holds 1/world_size of the weights, gradients
 and AdamW moments, and scores its share of the batch's steps (`trainer.update.shard`, padded so every
 rank runs the same forwards and backwards). Each version is stored twice: every rank's shards with
 DCP (trainer state, for resuming) and the gathered weights as a standard HF directory (for the pool
-and vLLM), committed by its manifest (`trainer.state`).
+and vLLM), committed by its manifest (`trainer.state`); the upload runs beside the next update, and
+the version is announced once it is durable (`trainer.versions`).
 
 Crash safety: a restarted trainer resumes from the last published version (weights and optimizer
 shards from its DCP state) and the committed offsets; groups named by a published update or by
-`GroupDropped` are skipped, so no group is trained twice and none is lost.
+`GroupDropped` are skipped, so no group is trained twice and none is lost. A batch's offsets are
+committed only after its version is announced: a version lost in flight is trained again.
 """
 
 from __future__ import annotations
@@ -27,10 +30,11 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import shutil
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -50,7 +54,7 @@ from schemas import GroupDropped, PolicyVersionPublished, RankMemory, UpdateAppl
 from trainer.batch import BatchBuilder
 from trainer.config import TrainConfig
 from trainer.sharding import FSDPOptimizer, peak_memory, reset_peak_memory, shard_model, shard_sha256, state_bytes
-from trainer.state import full_state_dict, load_sharded, save_sharded
+from trainer.state import full_state_dict, load_sharded
 from trainer.update import (
     Scored,
     Scorer,
@@ -62,6 +66,7 @@ from trainer.update import (
     shard,
     update_stats,
 )
+from trainer.versions import VersionWriter
 
 log = logging.getLogger("awrl.trainer")
 
@@ -79,10 +84,13 @@ class _Trainer:
     """The frozen version 0 (the KL penalty's pi_ref), when `config.kl_coef` > 0."""
     optimizer: FSDPOptimizer
     checkpoints: CheckpointStore
+    writer: VersionWriter
     version: int
     update_step: int
     producer: EventProducer | None = None
     builder: BatchBuilder | None = None
+    unannounced: list[tuple[int, list]] = field(default_factory=list)
+    """Rank 0: (version, batch) of the trained batches whose version is not yet durable."""
 
     @property
     def leader(self) -> bool:
@@ -114,12 +122,14 @@ def main(argv: list[str] | None = None) -> None:
         t.version += 1
         _publish(t, updates)
         if t.leader:
-            t.builder.trained(batch)
-            t.builder.commit()
+            t.unannounced.append((t.version, batch))
+            _commit(t)
             log.info("v%d loss %+.4f groups %d dropped %s wait %.1fs compute %.1fs", t.version, updates[-1].loss,
                      len(batch), dict(t.builder.stats.dropped), updates[0].wait_s, sum(u.compute_s for u in updates))
+    t.writer.close()
     if t.leader:
-        t.builder.commit()
+        _commit(t)
+        log.info("waited %.1fs in all for versions to be stored", t.writer.waited_s)
         t.builder.close()
         t.producer.close()
     dist.destroy_process_group()
@@ -163,7 +173,7 @@ def _start(config: TrainConfig, settings: StackSettings, device: torch.device) -
         reference = scorer.frozen(weights(first))
         reference = replace(reference, model=sharded(reference.model))
     t = _Trainer(config, settings, rank, world, scorer, reference, optimizer, checkpoints,
-                 version=latest.version if latest else 0,
+                 VersionWriter(checkpoints, config.run_id), version=latest.version if latest else 0,
                  update_step=latest.update_step + 1 if latest and latest.update_step is not None else 0)
     if t.leader:
         create_topics(settings)
@@ -249,30 +259,48 @@ def _gather_stats(scored: list[Scored], memory: RankMemory, digest: str, config:
     return loss, update_stats(tokens, config), [m for _, m, _ in gathered], combined_sha256([d for _, _, d in gathered])
 
 
+def _commit(t: _Trainer) -> None:
+    """Rank 0: release the batches whose version is announced, then commit what the consumer can."""
+    durable = t.writer.durable
+    while t.unannounced and durable is not None and t.unannounced[0][0] <= durable:
+        t.builder.trained(t.unannounced.pop(0)[1])
+    t.builder.commit()
+
+
 def _publish(t: _Trainer, updates: list[UpdateApplied]) -> None:
-    """Store the version (every rank its DCP shards, then rank 0 the HF directory, whose manifest
-    commits both), then, on rank 0, the events, acknowledged. Every rank must call it."""
+    """Start storing the version (`trainer.versions`): every rank's DCP shards and rank 0's HF
+    directory; rank 0 sends the events once both are stored. Every rank must call it."""
+    t.writer.wait()  # the previous version first: one in flight
     t0 = time.perf_counter()
     config, version = t.config, t.version
-    if updates or version > 0:  # the initial version has no optimizer state (see `trainer.state`)
-        save_sharded(t.checkpoints, config.run_id, version, t.scorer.model, t.optimizer.optimizer)
     weights = full_state_dict(t.scorer.model)  # the only gather of the weights: once a version
-    if not t.leader:
-        return
-    with tempfile.TemporaryDirectory(prefix="awrl-ckpt-") as tmp:
-        directory = save_policy(t.scorer.model, t.scorer.tokenizer, Path(tmp) / f"v{version}",
-                                  image_processor=t.scorer.image_processor, state_dict=weights)
-        # A full or unreachable store pauses the trainer here (and so the pool, at the staleness
-        # bound) instead of killing it; an upload is idempotent, so a retry starts over.
-        uri = patiently(lambda: t.checkpoints.upload(directory, config.run_id, version),
-                        f"storing checkpoint v{version}")
-    published = PolicyVersionPublished(
-        run_id=config.run_id, version=version, checkpoint_uri=uri,
-        checkpoint_sha256=weights_sha256(stored_weights(t.scorer.model, weights)),
-        update_step=updates[-1].update_step if updates else None, parent_version=version - 1 if updates else None,
-        update_ids=[u.event_id for u in updates], publish_s=time.perf_counter() - t0,
-    )
-    t.producer.publish_all([*updates, published])
+    announce = None
+    if t.leader:
+        # written and hashed now: with one process `weights` are the live parameters
+        directory = save_policy(t.scorer.model, t.scorer.tokenizer,
+                                Path(tempfile.mkdtemp(prefix="awrl-ckpt-")) / f"v{version}",
+                                image_processor=t.scorer.image_processor, state_dict=weights)
+        sha256 = weights_sha256(stored_weights(t.scorer.model, weights))
+
+        def announce() -> None:
+            try:
+                # A full or unreachable store pauses here (and so the pool, at the staleness bound)
+                # instead of killing the trainer; an upload is idempotent, so a retry starts over.
+                uri = patiently(lambda: t.checkpoints.upload(directory, config.run_id, version),
+                                f"storing checkpoint v{version}")
+            finally:
+                shutil.rmtree(directory.parent, ignore_errors=True)
+            published = PolicyVersionPublished(
+                run_id=config.run_id, version=version, checkpoint_uri=uri, checkpoint_sha256=sha256,
+                update_step=updates[-1].update_step if updates else None,
+                parent_version=version - 1 if updates else None,
+                update_ids=[u.event_id for u in updates], publish_s=time.perf_counter() - t0,
+            )
+            t.producer.publish_all([*updates, published])
+    del weights
+    sharded = bool(updates) or version > 0  # the initial version has no optimizer state (`trainer.state`)
+    t.writer.store(version, t.scorer.model if sharded else None, t.optimizer.optimizer if sharded else None,
+                   announce)
 
 
 if __name__ == "__main__":
