@@ -34,6 +34,7 @@ from model.policy import ensure_policy
 from pipeline.bus import EventProducer, follow
 from pipeline.ledger import LedgerWriter
 from pipeline.settings import StackSettings
+from pipeline.stack.process import free_port
 from pipeline.topics import TRAINER
 from rollout.episode import EpisodeConfig
 from rollout.pool import PoolStats
@@ -64,6 +65,9 @@ class RunConfig:
     train: TrainConfig = TrainConfig(run_id="", groups_per_update=2)
     """Trainer hyper-parameters (2 groups a version: the default pool's 2 workers x G=2); the run sets
     `run_id`, `model_dir` (`rollout.model_dir`) and `eta`."""
+    push: bool = True
+    """With a `local` (or `demo`) policy: the trainer pushes each version's weights straight to the pool
+    (`model.push`) beside the checkpoint; False: the pool loads every version from the object store."""
     run_id: str = ""
     """The run's id in the event log and the ledger; empty: a new one (`<mode>-<8 hex digits>`)."""
     log_dir: Path = Path(".awrl/runs")
@@ -205,6 +209,10 @@ def run_training(settings: StackSettings, config: RunConfig, on_progress=None, r
     env = {**os.environ, **settings.environ()}
     if config.rollout.model_dir is None:  # one directory for the trainer and a policy server alike
         config = replace(config, rollout=replace(config.rollout, model_dir=ensure_policy()))
+    if config.push and config.rollout.policy in ("local", "demo") and config.train.push_address is None:
+        address = f"127.0.0.1:{free_port()}"  # the trainer's rank 0 runs on this host too
+        config = replace(config, train=config.train.model_copy(update={"push_address": address}),
+                         rollout=replace(config.rollout, push_address=address))
     train = config.train.model_copy(update={
         "run_id": run_id, "model_dir": config.rollout.model_dir, "eta": config.eta if config.mode == "async" else 0})
     config = replace(config, run_id=run_id, train=train)  # the schedules below read the resolved config

@@ -13,6 +13,7 @@ import asyncio
 import logging
 import threading
 import time
+from datetime import UTC, datetime
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,6 +34,7 @@ from schemas import (
     EpisodeStarted,
     Event,
     GroupCompleted,
+    PolicyVersionLoaded,
     PolicyVersionPublished,
     StepRecorded,
     TaskGroupDispatched,
@@ -278,7 +280,18 @@ class RolloutPool:
         if latest is not None and latest.version > self.policy.version:
             async with self._refresh_lock:
                 if latest.version > self.policy.version:
-                    await self.policy.refresh(latest.version, latest.checkpoint_uri)
+                    t0 = time.perf_counter()
+                    await self.policy.refresh(latest.version, latest.checkpoint_uri, latest.checkpoint_sha256)
+                    self._loaded(latest, time.perf_counter() - t0)
+
+    def _loaded(self, version: PolicyVersionPublished, load_s: float) -> None:
+        """Record how the version came (the ledger's answer to "push or store?"); a policy that does not
+        say (vLLM, scripted) loaded it from the store."""
+        delivery = getattr(self.policy, "delivered", {}).get(version.version, "store")
+        self.producer.publish(PolicyVersionLoaded(
+            run_id=version.run_id, version=version.version, checkpoint_sha256=version.checkpoint_sha256,
+            delivery=delivery, load_s=load_s,
+            since_published_s=(datetime.now(UTC) - version.emitted_at).total_seconds()))
 
     # -- Kafka threads (kafka-python is blocking; the browsers stay on the event loop) -------------
     def _feed(self, loop, jobs: asyncio.Queue, capacity: threading.Semaphore) -> None:

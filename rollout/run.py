@@ -50,17 +50,20 @@ def make_suite(name: str) -> Suite:
 
 def make_policy(name: str, suites: dict[str, Suite], model_dir: Path | None = None,
                 vllm_url: str | None = None, vllm_model: str | None = None, seed: int = 0,
-                noise: float = 0.0, checkpoints=None, temperature: float = 1.0, max_batch: int = 64) -> Policy:
+                noise: float = 0.0, checkpoints=None, temperature: float = 1.0, max_batch: int = 64,
+                push_address: str | None = None) -> Policy:
     """`demo`: the oracle's actions (a random action with probability `noise`) as the local model's
     tokens and log-probs (`rollout.policy.scored`). `checkpoints`: a `CheckpointStore` through which
-    model backends load s3:// versions."""
+    model backends load s3:// versions. `push_address`: the local model also takes versions the trainer
+    pushes there (`model.push`)."""
     if name == "demo":
         from rollout.policy.scored import NoisyPolicy, ScoredPolicy
 
         script = make_policy("oracle", suites)
         if noise > 0:
             script = NoisyPolicy(script, make_policy("random", suites, seed=seed), noise, seed=seed)
-        return ScoredPolicy(script, make_policy("local", suites, model_dir, seed=seed, checkpoints=checkpoints))
+        return ScoredPolicy(script, make_policy("local", suites, model_dir, seed=seed, checkpoints=checkpoints,
+                                                push_address=push_address))
     if name == "oracle":
         from rollout.policy.scripted import OraclePolicy
 
@@ -76,7 +79,7 @@ def make_policy(name: str, suites: dict[str, Suite], model_dir: Path | None = No
         # 4 workers ran 1.33 episodes/s with one torch thread, 0.99 with two (boxes, no browser: 9.0 vs 11.0).
         threads = 1 if any(s.needs_browser for s in suites.values()) else None
         return LocalPolicy(model_dir, seed=seed, checkpoints=checkpoints, temperature=temperature, max_batch=max_batch,
-                           num_threads=threads)
+                           num_threads=threads, push_address=push_address)
     if name == "vllm":
         return _vllm_policy(vllm_url, vllm_model, seed, checkpoints, temperature)
     raise ValueError(f"unknown policy {name!r}; choose from {POLICIES}")
@@ -125,6 +128,8 @@ class RolloutRequest:
     """Most waiting prompts the local policy decodes together (1: each alone)."""
     min_version: int = 0
     """Dispatch groups at this policy version at least: the pool loads it before sampling them."""
+    push_address: str | None = None
+    """`local` policy: also take the versions the trainer pushes to this "host:port" (`model.push`)."""
     everlasting: bool = True
     """Keep browsers for the whole run (False: relaunch after every episode, an ablation)."""
     journal_dir: Path | None = Path(".awrl/rollout-journal")
@@ -148,7 +153,7 @@ def run_rollout(settings: StackSettings, req: RolloutRequest, show_progress: boo
         policy = make_policy(req.policy, {suite.name: suite}, req.model_dir, req.vllm_url or settings.vllm_url,
                              settings.vllm_model, seed=req.seed, noise=req.noise,
                              checkpoints=CheckpointStore.from_settings(settings), temperature=req.temperature,
-                             max_batch=req.max_batch)
+                             max_batch=req.max_batch, push_address=req.push_address)
         if req.policy == "vllm" and req.model_dir is not None and req.min_version == 0:
             # The server serves whatever it last loaded: make version 0 the weights this run starts from.
             asyncio.run(policy.refresh(0, str(req.model_dir)))
@@ -169,6 +174,8 @@ def run_rollout(settings: StackSettings, req: RolloutRequest, show_progress: boo
         with _progress(show_progress and on_progress is None) as (progress, update):
             stats = asyncio.run(pool.run(max_groups=groups, on_progress=on_progress or update))
         finished.set(), stop.set()
+        if hasattr(policy, "close"):
+            policy.close()
         return stats
     finally:
         suite.stop()

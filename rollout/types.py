@@ -24,8 +24,9 @@ class Policy(Protocol):
 
     async def act(self, obs: Observation) -> PolicyOutput: ...
 
-    async def refresh(self, version: int, checkpoint_uri: str) -> None:
-        """Load newer weights in place, between steps, without stopping episodes."""
+    async def refresh(self, version: int, checkpoint_uri: str, checkpoint_sha256: str | None = None) -> None:
+        """Load newer weights in place, between steps, without stopping episodes. `checkpoint_sha256`:
+        the version event's digest (a sampler that was pushed this version's weights checks it)."""
         ...
 
 

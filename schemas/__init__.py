@@ -12,6 +12,7 @@ from schemas.events import (
     Event,
     GroupCompleted,
     GroupDropped,
+    PolicyVersionLoaded,
     PolicyVersionPublished,
     RankMemory,
     RunStarted,
@@ -25,6 +26,6 @@ from schemas.events import (
 
 __all__ = [
     "Action", "BY_NAME", "EVENT_TYPES", "SCHEMA_VERSION", "EpisodeFinished", "EpisodeStarted", "EvaluationCompleted", "Event",
-    "GroupCompleted", "GroupDropped", "PolicyVersionPublished", "RankMemory", "RunStarted", "StepRecorded", "StepTimings", "TaskGroupDispatched",
+    "GroupCompleted", "GroupDropped", "PolicyVersionLoaded", "PolicyVersionPublished", "RankMemory", "RunStarted", "StepRecorded", "StepTimings", "TaskGroupDispatched",
     "UpdateApplied", "arrow_schema", "decode_event", "encode_event", "events_to_table", "table_to_events",
 ]

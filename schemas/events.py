@@ -22,12 +22,13 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainSeriali
 from schemas.actions import Action
 from schemas.arrow import Int64
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 """2: GroupDropped; UpdateApplied timings and staleness; PolicyVersionPublished lineage.
 3: EvaluationCompleted (a learning curve's points).
 4: UpdateApplied.memory (per-rank bytes of the sharded trainer; null in older files).
 5: RunStarted (a run's resolved configuration).
-6: GroupDropped.mean_reward and .invalid_share (why a run starves; null in older files)."""
+6: GroupDropped.mean_reward and .invalid_share (why a run starves; null in older files).
+7: PolicyVersionLoaded (how a sampler got each version); PolicyVersionPublished.push_s."""
 Sha256 = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
 Outcome = Literal["success", "failure", "env_error"]
 
@@ -302,6 +303,9 @@ class PolicyVersionPublished(Event):
     publish_s: float = Field(default=0.0, ge=0)
     """Time from the end of its update until it was durable in the object store (the trainer ran the
     next update meanwhile)."""
+    push_s: float | None = Field(default=None, ge=0)
+    """Time to push the weights straight to a sampler (`model.push`); None when none was connected
+    (how each sampler got the version: `PolicyVersionLoaded`)."""
 
 
 class GroupDropped(Event):
@@ -350,6 +354,22 @@ class EvaluationCompleted(Event):
     """Training wall time spent to reach this policy (SFT + RL so far)."""
 
 
+class PolicyVersionLoaded(Event):
+    """A sampler (a rollout pool's policy) loaded a published version, and how it got there."""
+
+    event_type: Literal["PolicyVersionLoaded"] = "PolicyVersionLoaded"
+    topic: ClassVar[str] = "rollout"
+    version: Int64 = Field(ge=0)
+    checkpoint_sha256: Sha256
+    """The digest the version's `PolicyVersionPublished` named (and the pushed weights matched)."""
+    delivery: Literal["push", "store"]
+    """`push`: the trainer's direct weight push (`model.push`); `store`: the checkpoint in the object store."""
+    load_s: float = Field(ge=0)
+    """Time the sampler spent getting and loading the weights."""
+    since_published_s: float
+    """From the version event's `emitted_at` to loaded (clocks of two hosts: approximate across hosts)."""
+
+
 class RunStarted(Event):
     """A command started (or restarted) a run, with its whole resolved configuration: what `awrl runs
     show` prints and `awrl <command> --config` launches again."""
@@ -378,6 +398,7 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     PolicyVersionPublished,
     GroupDropped,
     EvaluationCompleted,
+    PolicyVersionLoaded,
 )
 AnyEvent = Annotated[Union[EVENT_TYPES], Field(discriminator="event_type")]  # noqa: UP007 (a tuple of classes)
 EVENT_ADAPTER: TypeAdapter[Event] = TypeAdapter(AnyEvent)

@@ -101,7 +101,7 @@ class _Says:
 
         return PolicyOutput(self.text, [1], [2], [-0.5], [0])
 
-    async def refresh(self, version: int, checkpoint_uri: str) -> None:
+    async def refresh(self, version: int, checkpoint_uri: str, checkpoint_sha256: str | None = None) -> None:
         return None
 
 

@@ -437,3 +437,40 @@ def test_a_cancelled_refresh_still_completes_and_resumes_the_server(fake_vllm, t
     assert [p for p, _ in _FakeVLLM.requests] == [_PAUSE[0], "/collective_rpc", *[p for p, _ in _RESETS], _RESUME[0]]
     assert pol.version == 1  # the swap completed, and says so
     assert asyncio.run(pol.act(_obs())).token_policy_versions == [1] * 3  # the gate reopened
+
+
+def test_a_pushed_version_loads_from_memory_and_anything_else_from_the_checkpoint(tmp_path, model_dir):
+    """The trainer's direct push (`model.push`) over a real gloo pair on 127.0.0.1: the version and
+    digest the event names load from memory; a push of another digest (a version lost in a trainer
+    crash and trained again) is not used; with the receiver gone the sender skips, never hangs."""
+    import socket
+
+    from model.policy import stored_weights
+    from model.push import WeightSender
+    from pipeline.hashing import weights_sha256
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{s.getsockname()[1]}"
+    sender = WeightSender(address)
+    assert sender.push(1, "0" * 64, {}) is None  # no sampler yet: the store path only
+    pol = LocalPolicy(model_dir, max_new_tokens=4, push_address=address)
+    model, tokenizer = make_tiny_policy(seed=7)
+    weights = stored_weights(model, model.state_dict())
+    sha = weights_sha256(weights)
+    assert sender.push(1, sha, weights) is not None
+    deadline = time.monotonic() + 30
+    while pol._push.received < 1 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    asyncio.run(pol.refresh(1, "s3://unreachable/v1", sha))  # no store given: only the push can deliver
+    assert pol.version == 1 and pol.delivered == {1: "push"}
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in pol.model.state_dict().items())
+
+    assert sender.push(2, sha, weights) is not None  # pushed as v2 with a digest the event will not name
+    while pol._push.received < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    checkpoint = save_policy(*make_tiny_policy(seed=8), tmp_path / "v2")
+    asyncio.run(pol.refresh(2, str(checkpoint), "f" * 64))
+    assert pol.delivered[2] == "store"
+    assert torch.equal(pol.model.lm_head.weight, load_policy(checkpoint)[0].lm_head.weight)
+    pol.close()

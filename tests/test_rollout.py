@@ -100,7 +100,7 @@ class KillBrowserOnce:
             self.killed = _kill_one_browser()
         return await self.oracle.act(obs)
 
-    async def refresh(self, version, uri):
+    async def refresh(self, version, uri, checkpoint_sha256=None):
         self.version = version
 
 
@@ -151,7 +151,7 @@ class Garbage:
     async def act(self, obs):
         return PolicyOutput("I think I should click somewhere nice {", [], [], [], [])
 
-    async def refresh(self, version, uri):
+    async def refresh(self, version, uri, checkpoint_sha256=None):
         pass
 
 

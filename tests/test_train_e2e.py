@@ -14,6 +14,7 @@ import pytest
 
 from pipeline.bus import EventConsumer, EventProducer, create_topics, read_log
 from pipeline.checkpoints import CheckpointStore
+from pipeline.stack.process import free_port
 from pipeline.topics import ROLLOUT, TRAINER
 from rollout.episode import EpisodeConfig
 from rollout.run import RolloutRequest, run_rollout
@@ -31,7 +32,8 @@ def _train_beside_a_live_rollout(settings, config: TrainConfig, eta: int | None,
                                  noise: float = 0.5):
     """Run the demo-policy pool (noisy oracle: groups with mixed rewards) while the trainer trains."""
     request = RolloutRequest(suite="sites", policy="demo", noise=noise, workers=2, group_size=2, episodes=None,
-                             difficulty="easy", run_id=config.run_id, seed=3, episode=EpisodeConfig(som=True))
+                             difficulty="easy", run_id=config.run_id, seed=3, episode=EpisodeConfig(som=True),
+                             push_address=config.push_address)
     budget = None if eta is None else StalenessBudget(eta, config.groups_per_update)
     stop, result = threading.Event(), {}
     pool = threading.Thread(target=lambda: result.update(
@@ -51,7 +53,8 @@ def _train_beside_a_live_rollout(settings, config: TrainConfig, eta: int | None,
 
 def test_torchrun_trains_a_live_run_and_the_pool_picks_up_versions(settings, tmp_path):
     run_id = f"train-{uuid.uuid4().hex[:6]}"
-    config = TrainConfig(run_id=run_id, groups_per_update=1, eta=2, max_updates=3, batch_timeout_s=600)
+    config = TrainConfig(run_id=run_id, groups_per_update=1, eta=2, max_updates=3, batch_timeout_s=600,
+                         push_address=f"127.0.0.1:{free_port()}")
     stats, events = _train_beside_a_live_rollout(settings, config, eta=2, nproc=2)
 
     updates = [e for e in events if isinstance(e, UpdateApplied)]
@@ -89,6 +92,11 @@ def test_torchrun_trains_a_live_run_and_the_pool_picks_up_versions(settings, tmp
     con = connect(ledger.ledger_uri)
     assert con.sql(f"select count(*) from updates where run_id = '{run_id}'").fetchall()[0][0] == 3
     assert con.sql(f"select max(version) from policy_versions where run_id = '{run_id}'").fetchall()[0][0] == 3
+    # the pool loaded versions pushed straight from the trainer, each the digest its event named
+    loaded = con.sql(f"select l.version, l.delivery, l.checkpoint_sha256 = p.checkpoint_sha256 from policy_version_loaded l "
+                     f"join policy_version_published p using (run_id, version) where run_id = '{run_id}'").fetchall()
+    assert all(same for *_, same in loaded) and [d for _, d, _ in loaded].count("push") >= 2, loaded
+    assert all(v.push_s is not None for v in versions[1:])
 
 
 def test_a_slow_trainer_drops_stale_groups_unless_the_dispatcher_pauses(settings):

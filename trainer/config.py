@@ -78,6 +78,9 @@ class TrainConfig(BaseModel):
     """On GPU: bf16 parameters in forward and backward, fp32 gradient reduction and master weights
     (FSDP2's mixed precision). CPU runs stay fp32, which is what replay reproduces bit for bit."""
     seed: int = 0
+    push_address: str | None = None
+    """"host:port" where rank 0 serves the direct weight push (`model.push`): a sampler started with
+    the same address loads each version from it instead of the object store. None: the store only."""
     consumer_group: str = ""
     """Kafka consumer group of the batch builder; empty means `trainer-<run_id>`."""
 

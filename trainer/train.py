@@ -43,6 +43,7 @@ from torch.distributed.device_mesh import init_device_mesh
 
 from model.inputs import suppressed_token_ids
 from model.policy import ensure_policy, load_policy, save_policy, stored_weights
+from model.push import WeightSender
 from pipeline import health
 from pipeline.bus import EventProducer, create_topics, read_log
 from pipeline.checkpoints import CheckpointStore
@@ -89,6 +90,8 @@ class _Trainer:
     update_step: int
     producer: EventProducer | None = None
     builder: BatchBuilder | None = None
+    sender: WeightSender | None = None
+    """Rank 0, with `config.push_address`: the direct weight push to a sampler."""
     unannounced: list[tuple[int, list]] = field(default_factory=list)
     """Rank 0: (version, batch) of the trained batches whose version is not yet durable."""
 
@@ -179,6 +182,7 @@ def _start(config: TrainConfig, settings: StackSettings, device: torch.device) -
         create_topics(settings)
         t.producer = EventProducer(settings, client_id="trainer")
         t.builder = BatchBuilder(settings, config, t.producer, skip=skip)
+        t.sender = WeightSender(config.push_address) if config.push_address else None
     if latest is None:  # announce version 0, so the lineage starts at a stored checkpoint
         _publish(t, [])
     return t
@@ -280,7 +284,10 @@ def _publish(t: _Trainer, updates: list[UpdateApplied]) -> None:
         directory = save_policy(t.scorer.model, t.scorer.tokenizer,
                                 Path(tempfile.mkdtemp(prefix="awrl-ckpt-")) / f"v{version}",
                                 image_processor=t.scorer.image_processor, state_dict=weights)
-        sha256 = weights_sha256(stored_weights(t.scorer.model, weights))
+        stored = stored_weights(t.scorer.model, weights)
+        sha256 = weights_sha256(stored)
+        # beside the upload: the sampler holds them until this version's event names this digest
+        push_s = t.sender.push(version, sha256, stored) if t.sender else None
 
         def announce() -> None:
             try:
@@ -294,7 +301,7 @@ def _publish(t: _Trainer, updates: list[UpdateApplied]) -> None:
                 run_id=config.run_id, version=version, checkpoint_uri=uri, checkpoint_sha256=sha256,
                 update_step=updates[-1].update_step if updates else None,
                 parent_version=version - 1 if updates else None,
-                update_ids=[u.event_id for u in updates], publish_s=time.perf_counter() - t0,
+                update_ids=[u.event_id for u in updates], publish_s=time.perf_counter() - t0, push_s=push_s,
             )
             t.producer.publish_all([*updates, published])
     del weights

@@ -29,6 +29,7 @@ from model.inputs import build_inputs, forward_logprobs, inputs_from_ids, stop_t
 from model.prompt import PromptConfig, render_prompt
 from model.sampling import Sampled, Sampling, sample_batch
 from model.policy import ensure_policy, load_policy
+from model.push import WeightReceiver
 from schemas.observation import Observation, PolicyOutput
 
 if TYPE_CHECKING:
@@ -51,11 +52,14 @@ class LocalPolicy:
         num_threads: int | None = None,
         checkpoints: CheckpointStore | None = None,
         max_batch: int = 64,
+        push_address: str | None = None,
     ):
         """`num_threads`: set torch's (process-wide) intra-op threads; 1 is steadier when browsers
         share the cores (2 OpenMP threads spin-wait badly under contention). None: leave as is.
         `checkpoints`: where `s3://` checkpoints are fetched (and verified) from; None: local ones only.
-        `max_batch`: the most prompts decoded together (1: each alone, as before batching)."""
+        `max_batch`: the most prompts decoded together (1: each alone, as before batching).
+        `push_address`: the trainer's weight push ("host:port", `model.push`): versions pushed there
+        load from memory; None, or a version not pushed: from the checkpoint."""
         if num_threads is not None:
             torch.set_num_threads(num_threads)
         path = Path(model_dir) if model_dir is not None else ensure_policy()
@@ -79,6 +83,9 @@ class LocalPolicy:
         # Callers wait on their own threads: every worker must be able to wait in the queue at once
         # (asyncio's default executor has cores + 4 threads, which would cap the batch).
         self._executor = ThreadPoolExecutor(max_workers=64, thread_name_prefix="local-policy")
+        self._push = WeightReceiver(push_address) if push_address else None
+        self.delivered: dict[int, str] = {}
+        """How each loaded version came: "push" (the trainer's direct push) or "store" (the checkpoint)."""
 
     def _on_model_thread(self, fn, *args):
         return self._model_thread.submit(fn, *args).result()
@@ -91,8 +98,8 @@ class LocalPolicy:
         text, images = render_prompt(obs, self.prompt_config)
         return await asyncio.get_running_loop().run_in_executor(self._executor, self.generate, text, images)
 
-    async def refresh(self, version: int, checkpoint_uri: str) -> None:
-        await asyncio.to_thread(self.load_weights, version, checkpoint_uri)
+    async def refresh(self, version: int, checkpoint_uri: str, checkpoint_sha256: str | None = None) -> None:
+        await asyncio.to_thread(self.load_weights, version, checkpoint_uri, checkpoint_sha256)
 
     def generate(self, text: str, images: list[bytes]) -> PolicyOutput:
         """Sample one response to a rendered prompt (blocking; decoded with whatever else is queued)."""
@@ -142,16 +149,33 @@ class LocalPolicy:
                                    self.temperature)
         return lp.tolist()
 
-    def load_weights(self, version: int, checkpoint_uri: str) -> None:
-        """Copy weights from an HF directory into the live model: a local one (path or file:// URI),
-        or an s3:// one downloaded and verified through `checkpoints` (while generation goes on)."""
+    def load_weights(self, version: int, checkpoint_uri: str, checkpoint_sha256: str | None = None) -> None:
+        """Copy weights into the live model: the trainer's push of this version and digest if it came,
+        else an HF directory, a local one (path or file:// URI) or an s3:// one downloaded and verified
+        through `checkpoints` (while generation goes on)."""
+        pushed = self._push.take(version, checkpoint_sha256) if self._push else None
+        if pushed is not None:
+            self._on_model_thread(self._load_state, pushed.weights, version, "push")
+            return
         path = self._checkpoint_path(checkpoint_uri)
         self._on_model_thread(self._load, path, version)
 
     def _load(self, path: Path, version: int) -> None:
         fresh = Qwen3VLForConditionalGeneration.from_pretrained(path, dtype=torch.float32)
-        self.model.load_state_dict(fresh.state_dict(), strict=True)
+        self._load_state(fresh.state_dict(), version, "store")
+
+    def _load_state(self, weights: dict, version: int, delivery: str) -> None:
+        # a tied weight is pushed once, as stored: strict=False lets its twin keep sharing storage
+        missing, unexpected = self.model.load_state_dict(weights, strict=False)
+        if unexpected or set(missing) - set(self.model.all_tied_weights_keys):
+            raise ValueError(f"weights do not fit the model: missing {missing}, unexpected {unexpected}")
         self.version = version
+        self.delivered[version] = delivery
+
+    def close(self) -> None:
+        """Stop listening for pushed weights (the model stays usable)."""
+        if self._push is not None:
+            self._push.close()
 
     def _checkpoint_path(self, uri: str) -> Path:
         if urlparse(uri).scheme == "s3":

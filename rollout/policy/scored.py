@@ -46,8 +46,15 @@ class ScoredPolicy:
         return PolicyOutput(response_text=response_text, prompt_token_ids=prompt_ids, response_token_ids=response_ids,
                             logprobs=logprobs, token_policy_versions=[version] * len(response_ids))
 
-    async def refresh(self, version: int, checkpoint_uri: str) -> None:
-        await self.model.refresh(version, checkpoint_uri)
+    async def refresh(self, version: int, checkpoint_uri: str, checkpoint_sha256: str | None = None) -> None:
+        await self.model.refresh(version, checkpoint_uri, checkpoint_sha256)
+
+    @property
+    def delivered(self) -> dict[int, str]:
+        return self.model.delivered
+
+    def close(self) -> None:
+        self.model.close()
 
 
 class NoisyPolicy:
@@ -63,5 +70,5 @@ class NoisyPolicy:
     async def act(self, obs: Observation) -> PolicyOutput:
         return await (self.explorer if self.rng.random() < self.noise else self.expert).act(obs)
 
-    async def refresh(self, version: int, checkpoint_uri: str) -> None:
+    async def refresh(self, version: int, checkpoint_uri: str, checkpoint_sha256: str | None = None) -> None:
         self.version = version

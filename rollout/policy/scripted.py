@@ -32,7 +32,7 @@ class OraclePolicy:
         memory = {"plan step": str(obs.step - scrolls)}
         return _scripted_output(json.dumps({"thought": thought, "memory": memory, "action": action}), self.version)
 
-    async def refresh(self, version: int, checkpoint_uri: str) -> None:
+    async def refresh(self, version: int, checkpoint_uri: str, checkpoint_sha256: str | None = None) -> None:
         self.version = version
 
 
@@ -93,7 +93,7 @@ class RandomPolicy:
             action = {"kind": "click", "x": r.randrange(w), "y": r.randrange(h)}
         return _scripted_output(json.dumps({"thought": "random", "memory": {}, "action": action}), self.version)
 
-    async def refresh(self, version: int, checkpoint_uri: str) -> None:
+    async def refresh(self, version: int, checkpoint_uri: str, checkpoint_sha256: str | None = None) -> None:
         self.version = version
 
 

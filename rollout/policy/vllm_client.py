@@ -158,7 +158,7 @@ class VLLMPolicy:
         out.timings["policy_s"] = time.perf_counter() - t0
         return out
 
-    async def refresh(self, version: int, checkpoint_uri: str) -> None:
+    async def refresh(self, version: int, checkpoint_uri: str, checkpoint_sha256: str | None = None) -> None:
         """Load the checkpoint into the server, then drop the caches its old weights filled, with
         no request running (see the module docstring); `self.version` moves only when every request
         succeeded."""
