@@ -14,6 +14,11 @@
 # The server runs float32 there too, so the parity bound of the CPU build applies as it is; a
 # bf16 server's gap is another measurement (bench/vllm_backend.py with AWRL_VLLM_EXTRA_ARGS).
 #
+# tests/test_fsdp_gpu.py also runs `awrl train` for one bf16 update of Qwen3-VL-2B's architecture at full
+# width on every GPU, printing each rank's memory. Then bench/vllm_push.py: a new version into the
+# running vLLM server through the store (`reload_weights`) vs pushed over NCCL with vLLM's
+# weight-transfer API, and the first action after each (prepared, not yet run on a GPU).
+#
 # Then, where a Docker engine runs, the image and the compose file for real (see the end).
 #
 # Environment: PY (default .venv/bin/python), AWRL_VLLM_EXTRA_ARGS (default below: no CUDA graphs,
@@ -38,6 +43,13 @@ timeout 1500 "$PY" -m pytest -q -s -p no:cacheprovider --junitxml="$OUT/junit.xm
   tests/test_vllm_live.py \
   2>&1 | tee "$OUT/pytest.txt"
 rc=${PIPESTATUS[0]}
+work=$(mktemp -d /tmp/gpu_check_model.XXXXXX)  # a 2B directory is too big to return in $OUT
+"$PY" -c "import sys; from model.architectures import make_policy; from model.policy import save_policy; \
+save_policy(*make_policy('qwen3-vl-2b', seed=3), sys.argv[1])" "$work/qwen3-vl-2b" &&
+  OUT=$OUT timeout 900 "$PY" bench/vllm_push.py --model-dir "$work/qwen3-vl-2b" 2>&1 | tail -n 40 | tee "$OUT/vllm_push.txt"
+push_rc=${PIPESTATUS[0]}
+rm -rf "$work"
+[ "$rc" -ne 0 ] || rc=$push_rc
 set -e
 # the server's log, from the stack directory the test used
 find /tmp/pytest-of-"$(id -un)" -path '*vllm-stack*/log/vllm.log' -newer "$OUT/gpu.txt" -exec tail -n 300 {} \; \
