@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import contextlib
 import io
+import logging
+import os
 import sys
 from importlib import metadata
 
@@ -54,7 +56,11 @@ analysis_cli.register(app)
 
 def main(argv: list[str] | None = None) -> None:
     """The `awrl` entry point: the CLI, with users' mistakes told in one line (exit 2) instead of a
-    traceback; anything else is a bug and keeps its traceback."""
+    traceback; anything else is a bug and keeps its traceback. `AWRL_LOG_LEVEL` (e.g. INFO) turns on
+    the libraries' logs on stderr: the Kafka client's group joins and rebalances, for one."""
+    if level := os.environ.get("AWRL_LOG_LEVEL"):
+        logging.basicConfig(level=level.upper(), stream=sys.stderr,
+                            format="%(asctime)s %(threadName)s %(name)s %(message)s")
     try:
         code = app(args=argv, prog_name="awrl", standalone_mode=False)
     except typer.Abort:
