@@ -17,6 +17,7 @@ weight-transfer API (NCCL) takes this place (bench/gpu_check.sh).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import threading
@@ -29,6 +30,7 @@ import torch.distributed as dist
 
 log = logging.getLogger("awrl.push")
 TIMEOUT = timedelta(seconds=30)
+JOIN_TIMEOUT = timedelta(seconds=5)
 KEEP = 2
 """Pushed versions a receiver holds: the trainer pushes version v+1 while v's event may still be on
 its way to the pool (v is announced once stored, v+1 is pushed as soon as it is trained)."""
@@ -67,8 +69,13 @@ class WeightSender:
         t0 = time.perf_counter()
         try:
             if generation != self._generation:  # a (new) receiver: its own group
-                self._generation, self._sent = generation, 0
+                if self._store.check([f"g{generation}/closed"]):
+                    raise RuntimeError("the receiver closed")
                 self._store.set(f"g{generation}/open", b"1")
+                # a receiver that is gone (a sync schedule's pool stops after each batch) never joins:
+                # find out in a few seconds, not in the group's 30 s rendezvous timeout
+                self._store.wait([f"g{generation}/joining"], JOIN_TIMEOUT)
+                self._generation, self._sent = generation, 0
                 self._group = dist.ProcessGroupGloo(dist.PrefixStore(f"g{generation}", self._store), 0, 2, TIMEOUT)
             header = {"version": version, "sha256": sha256,
                       "tensors": [[k, str(v.dtype).removeprefix("torch."), list(v.shape)] for k, v in weights.items()]}
@@ -143,6 +150,7 @@ class WeightReceiver:
         prefix = f"g{self.generation}"
         if not self._wait(f"{prefix}/open"):
             return
+        self._store.set(f"{prefix}/joining", b"1")
         group = dist.ProcessGroupGloo(dist.PrefixStore(prefix, self._store), 1, 2, TIMEOUT)
         n = 0
         while self._wait(f"{prefix}/h{n}"):
@@ -169,4 +177,6 @@ class WeightReceiver:
 
     def close(self) -> None:
         self._closed.set()
+        with contextlib.suppress(dist.DistError):  # the trainer may be gone already
+            self._store.set(f"g{self.generation}/closed", b"1")
         self._thread.join(timeout=5)
