@@ -54,14 +54,20 @@ runs_cli.register(app)
 analysis_cli.register(app)
 
 
+def _log_level(level: str | None) -> None:
+    if not level:
+        return
+    if not isinstance(logging.getLevelName(level.upper()), int):
+        raise ConfigError(f"AWRL_LOG_LEVEL={level!r} is not a log level (DEBUG, INFO, WARNING, ERROR)")
+    logging.basicConfig(level=level.upper(), stream=sys.stderr, format="%(asctime)s %(threadName)s %(name)s %(message)s")
+
+
 def main(argv: list[str] | None = None) -> None:
     """The `awrl` entry point: the CLI, with users' mistakes told in one line (exit 2) instead of a
     traceback; anything else is a bug and keeps its traceback. `AWRL_LOG_LEVEL` (e.g. INFO) turns on
     the libraries' logs on stderr: the Kafka client's group joins and rebalances, for one."""
-    if level := os.environ.get("AWRL_LOG_LEVEL"):
-        logging.basicConfig(level=level.upper(), stream=sys.stderr,
-                            format="%(asctime)s %(threadName)s %(name)s %(message)s")
     try:
+        _log_level(os.environ.get("AWRL_LOG_LEVEL"))
         code = app(args=argv, prog_name="awrl", standalone_mode=False)
     except typer.Abort:
         sys.exit(130)

@@ -4,8 +4,8 @@ gloo, beside the durable checkpoint, so the sampler skips the object store's upl
 The checkpoint stays what `PolicyVersionPublished` names, and the push does not wait for it to be
 announced (`trainer.versions`): a sampler uses pushed weights only for the version, and digest, of a
 `PolicyVersionPublished` it has received, so it never acts with a version a crash could take back,
-while the push itself overlaps the upload. A sampler takes the pushed weights when the event for that version arrives, and the
-object store otherwise (`rollout.policy.local.LocalPolicy`); the pool records which (`PolicyVersionLoaded`).
+while the push itself overlaps the upload. Without a matching push the sampler loads the checkpoint
+(`rollout.policy.local.LocalPolicy`); the pool records which it was (`PolicyVersionLoaded`).
 
 Wire: the sender serves a `torch.distributed.TCPStore`; each receiver that connects takes a new
 generation number and, with the sender, a 2-member gloo group under that generation's prefix. Per
@@ -59,7 +59,6 @@ class WeightSender:
         self._generation = self._dead = 0
         self._group: dist.ProcessGroup | None = None
         self._sent = 0
-        self.pushed = self.failed = 0
 
     def push(self, version: int, sha256: str, weights: dict[str, torch.Tensor]) -> float | None:
         """Send `version`'s full weights; the seconds it took, or None if no receiver took them."""
@@ -85,9 +84,8 @@ class WeightSender:
                 self._group.broadcast([buffer]).wait()
         except RuntimeError as error:  # the receiver went away: the checkpoint still delivers
             log.warning("weight push of v%d failed (%s); the sampler loads it from the store", version, error)
-            self._dead, self._generation, self._group, self.failed = generation, 0, None, self.failed + 1
+            self._dead, self._generation, self._group = generation, 0, None
             return None
-        self.pushed += 1
         return time.perf_counter() - t0
 
 
@@ -96,8 +94,6 @@ class Pushed:
     version: int
     sha256: str
     weights: dict[str, torch.Tensor]
-    received_s: float
-    """Seconds from the header to the last byte."""
 
 
 class WeightReceiver:
@@ -155,7 +151,6 @@ class WeightReceiver:
         n = 0
         while self._wait(f"{prefix}/h{n}"):
             header = json.loads(self._store.get(f"{prefix}/h{n}"))
-            t0 = time.perf_counter()
             specs = [(k, getattr(torch, dtype), torch.Size(shape)) for k, dtype, shape in header["tensors"]]
             sizes: dict[torch.dtype, int] = {}
             for _, dtype, shape in specs:
@@ -168,8 +163,7 @@ class WeightReceiver:
                 weights[name] = buffers[dtype][offsets[dtype]:offsets[dtype] + shape.numel()].view(shape)
                 offsets[dtype] += shape.numel()
             with self._lock:
-                self._pushed[header["version"]] = Pushed(header["version"], header["sha256"], weights,
-                                                         time.perf_counter() - t0)
+                self._pushed[header["version"]] = Pushed(header["version"], header["sha256"], weights)
                 while len(self._pushed) > KEEP:
                     del self._pushed[min(self._pushed)]
             n += 1

@@ -13,9 +13,9 @@ import asyncio
 import logging
 import threading
 import time
-from datetime import UTC, datetime
 from collections import defaultdict
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 
 from playwright.async_api import async_playwright

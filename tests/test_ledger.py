@@ -126,9 +126,11 @@ def test_two_writers_share_the_log_and_one_sigkilled_mid_file_loses_and_duplicat
         done.set()
 
     cmd = [sys.executable, "-m", "app.cli", "ledger", "sync", "--follow"]
-    logs = [open(tmp_path / f"writer{i}.log", "w") for i in range(2)]  # noqa: SIM115 (closed with the test's tmp_path)
-    writers = [subprocess.Popen(cmd, env={**env, "AWRL_LOG_LEVEL": "INFO"}, stdout=logs[i], stderr=subprocess.STDOUT)
-               for i in range(2)]
+    writers = []
+    for i in range(2):  # the child holds its own copy of the file descriptor
+        with open(tmp_path / f"writer{i}.log", "w") as log:
+            writers.append(subprocess.Popen(cmd, env={**env, "AWRL_LOG_LEVEL": "INFO"}, stdout=log,
+                                            stderr=subprocess.STDOUT))
     threading.Thread(target=produce).start()
     files = lambda: len(list((tmp_path / "ledger").rglob("*.parquet")))  # noqa: E731
     deadline = time.monotonic() + 90

@@ -2,7 +2,8 @@
 
 - Sharded, for resuming: parameters and AdamW moments as `torch.distributed.checkpoint` (DCP) files
   under the version's `.trainer/dcp/` prefix. Each rank writes and uploads its own shards
-  (`trainer.versions`, in the background) and reads them back on resume; nothing is gathered on one rank, and DCP reshards if the world size changed.
+  (`trainer.versions`, in the background) and reads them back on resume; nothing is gathered on one
+  rank, and DCP reshards if the world size changed.
 - Consolidated, for serving: the full weights gathered to rank 0 (`full_state_dict`), which writes
   the standard HF directory that the pool and vLLM load (`pipeline.checkpoints`).
 

@@ -11,10 +11,9 @@ N nodes x 8 GPUs (NCCL), on every node, with NODE = 0..N-1 and HEAD the address 
 
 Rank 0 alone talks to Kafka: it builds each batch (`trainer.batch`) and broadcasts it; once the
 step's version is stored it publishes `UpdateApplied` + `PolicyVersionPublished` and commits the
-batch's offsets. The policy
-is sharded with FSDP2 (`trainer.sharding`): each rank holds 1/world_size of the weights, gradients
-and AdamW moments, and scores its share of the batch's steps (`trainer.update.shard`, padded so every
-rank runs the same forwards and backwards). Each version is stored twice: every rank's shards with
+batch's offsets. The policy is sharded with FSDP2 (`trainer.sharding`): each rank holds
+1/world_size of the weights, gradients and AdamW moments, and scores its share of the batch's steps
+(`trainer.update.shard`, padded so every rank runs the same forwards and backwards). Each version is stored twice: every rank's shards with
 DCP (trainer state, for resuming) and the gathered weights as a standard HF directory (for the pool
 and vLLM), committed by its manifest (`trainer.state`); the upload runs beside the next update, and
 the version is announced once it is durable (`trainer.versions`).
