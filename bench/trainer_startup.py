@@ -1,5 +1,5 @@
 """Trainer start-up per rank: the whole model loaded on every rank then sharded (before) vs built on
-the meta device, sharded, and only the rank's rows read (now, `trainer.sharding.sharded_policy`).
+the meta device, sharded, and only the rank's rows read (the trainer's, `trainer.sharding.sharded_policy`).
 
     .venv/bin/python bench/trainer_startup.py [--narrow 4] [--ranks 1,2] [--stored bf16|fp32]
 

@@ -61,13 +61,20 @@ def shard_model(model: torch.nn.Module, mesh: DeviceMesh, bf16: bool = False,
     return model
 
 
-def sharded_policy(model_dir, mesh: DeviceMesh, device: torch.device) -> torch.nn.Module:
+def sharded_policy(model_dir, mesh: DeviceMesh, device: torch.device, bf16: bool = False,
+                   activation_checkpointing: bool = False, weights: bool = True, frozen: bool = False
+                   ) -> torch.nn.Module:
     """The directory's policy, sharded, without any rank holding it whole: built on the meta device,
-    sharded, allocated (only this rank's slices), then filled with this rank's rows of the directory's
-    safetensors. Measured against the trainer's start-up by bench/trainer_startup.py; not yet its own."""
-    model = shard_model(policy_on_meta(model_dir), mesh)
+    sharded, allocated (only this rank's slices) and, with `weights`, filled with this rank's rows of
+    the directory's safetensors. `weights=False` leaves the slices for a DCP load to fill (resume).
+    `frozen`: no gradients, in eval mode (a reference model), set before sharding as FSDP2 records it."""
+    model = policy_on_meta(model_dir)
+    if frozen:
+        model.eval().requires_grad_(False)
+    model = shard_model(model, mesh, bf16=bf16, activation_checkpointing=activation_checkpointing and not frozen)
     materialize(model, device)
-    load_shards(model, model_dir)
+    if weights:
+        load_shards(model, model_dir)
     return model
 
 

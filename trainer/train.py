@@ -13,8 +13,10 @@ Rank 0 alone talks to Kafka: it builds each batch (`trainer.batch`) and broadcas
 step's version is stored it publishes `UpdateApplied` + `PolicyVersionPublished` and commits the
 batch's offsets. The policy is sharded with FSDP2 (`trainer.sharding`): each rank holds
 1/world_size of the weights, gradients and AdamW moments, and scores its share of the batch's steps
-(`trainer.update.shard`, padded so every rank runs the same forwards and backwards). Each version is stored twice: every rank's shards with
-DCP (trainer state, for resuming) and the gathered weights as a standard HF directory (for the pool
+(`trainer.update.shard`, padded so every rank runs the same forwards and backwards). No rank ever
+holds the whole model at start-up: each builds it on the meta device, shards it, and reads only its
+own rows (`trainer.sharding.sharded_policy`) from the HF directory at version 0, or its DCP shards
+when resuming. Each version is stored twice: every rank's shards with DCP (trainer state, for resuming) and the gathered weights as a standard HF directory (for the pool
 and vLLM), committed by its manifest (`trainer.state`); the upload runs beside the next update, and
 the version is announced once it is durable (`trainer.versions`).
 
@@ -41,7 +43,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
 from model.inputs import suppressed_token_ids
-from model.policy import ensure_policy, load_policy, save_policy, stored_weights
+from model.policy import ensure_policy, load_image_processor, load_shards, load_tokenizer, save_policy, stored_weights
 from model.push import WeightSender
 from pipeline import health
 from pipeline.bus import EventProducer, create_topics, read_log
@@ -53,7 +55,7 @@ from pipeline.topics import TRAINER
 from schemas import GroupDropped, PolicyVersionPublished, RankMemory, UpdateApplied
 from trainer.batch import BatchBuilder
 from trainer.config import TrainConfig
-from trainer.sharding import FSDPOptimizer, peak_memory, reset_peak_memory, shard_model, shard_sha256, state_bytes
+from trainer.sharding import FSDPOptimizer, peak_memory, reset_peak_memory, shard_sha256, sharded_policy, state_bytes
 from trainer.state import full_state_dict, load_sharded
 from trainer.update import (
     Scored,
@@ -153,27 +155,33 @@ def _start(config: TrainConfig, settings: StackSettings, device: torch.device) -
     def weights(version: PolicyVersionPublished | None) -> Path:
         return checkpoints.download(version.checkpoint_uri) if version else ensure_policy(config.model_dir)
 
-    if rank == 0:  # one download into the shared cache; the other ranks then find it there
-        for version in (latest, first) if config.kl_coef else (latest,):
+    # What each node reads: the resume point's HF weights only where it has no sharded state (version 0),
+    # and pi_ref's for a KL penalty. One download a node, into its cache, where its other ranks find it.
+    resumed = latest is not None and latest.version > 0
+    needed = ([] if resumed else [latest]) + ([first] if config.kl_coef else [])
+    if int(os.environ.get("LOCAL_RANK", 0)) == 0:
+        ensure_policy(config.model_dir)
+        for version in needed:
             weights(version)
     dist.barrier()
     mesh = init_device_mesh(device.type, (world,))
-    bf16 = device.type == "cuda" and config.bf16
 
-    def sharded(model: torch.nn.Module) -> torch.nn.Module:
-        return shard_model(model.to(device), mesh, bf16=bf16, activation_checkpointing=config.activation_checkpointing)
+    def sharded(directory: Path, load: bool = True, frozen: bool = False) -> torch.nn.Module:
+        """Built on the meta device, sharded, then only this rank's rows read: no rank holds the whole model."""
+        return sharded_policy(directory, mesh, device, bf16=device.type == "cuda" and config.bf16,
+                              activation_checkpointing=config.activation_checkpointing, weights=load, frozen=frozen)
 
-    model, tokenizer, image_processor = load_policy(weights(latest))
-    model = sharded(model.train())
+    base = ensure_policy(config.model_dir)  # the tokenizer and image processor, which no update changes
+    model = sharded(weights(latest) if not resumed else base, load=not resumed)
     optimizer = FSDPOptimizer(model, lr=config.lr, weight_decay=config.weight_decay)
-    if latest:
-        load_sharded(checkpoints, config.run_id, latest.version, model, optimizer.optimizer)
-    scorer = Scorer(model, tokenizer, image_processor, suppressed_token_ids(tokenizer),
+    if resumed and not load_sharded(checkpoints, config.run_id, latest.version, model, optimizer.optimizer):
+        load_shards(model, weights(latest))  # a version stored without its trainer state: weights only
+    tokenizer = load_tokenizer(base)
+    scorer = Scorer(model, tokenizer, load_image_processor(base), suppressed_token_ids(tokenizer),
                     ScreenshotStore.from_settings(settings).get)
     reference = None
     if config.kl_coef:  # pi_ref: version 0, frozen, sharded like the policy
-        reference = scorer.frozen(weights(first))
-        reference = replace(reference, model=sharded(reference.model))
+        reference = replace(scorer, model=sharded(weights(first), frozen=True))
     t = _Trainer(config, settings, rank, world, scorer, reference, optimizer, checkpoints,
                  VersionWriter(checkpoints, config.run_id), version=latest.version if latest else 0,
                  update_step=latest.update_step + 1 if latest and latest.update_step is not None else 0)
