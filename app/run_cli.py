@@ -38,6 +38,7 @@ def parse_args(verb: str, args: list[str]):
 
 
 def demo(ctx: typer.Context) -> None:
+    from analysis.browse import page_url
     from app.demo import run_demo
     from app.stacks import find_or_start
 
@@ -53,6 +54,7 @@ def demo(ctx: typer.Context) -> None:
         console.print(f"next: [bold]dagster dev[/] (the run is partition {summary.run_id}), "
                       f"[bold]awrl runs[/], [bold]awrl drift {summary.run_id}[/], "
                       f"[bold]awrl replay {summary.run_id}[/], [bold]awrl stack down[/] when done")
+        console.print(f"see it: [bold]awrl view[/], then {page_url(settings.viewer_url, summary.run_id)}", soft_wrap=True)
     if summary.events_in_ledger == 0:
         raise fail("the run did not reach the ledger", 1)
 
@@ -60,6 +62,7 @@ def demo(ctx: typer.Context) -> None:
 def run(ctx: typer.Context) -> None:
     from rich.live import Live
 
+    from analysis.browse import page_url
     from app.stacks import find_or_start
     from app.training import run_training
 
@@ -77,6 +80,8 @@ def run(ctx: typer.Context) -> None:
         summary = run_training(settings, config, on_progress=show)
     emit_record({**vars(summary), "trajectories_per_hour": summary.trajectories_per_hour}, cmd.format,
                 title=f"run {summary.run_id}")
+    if cmd.format is Format.table:
+        console.print(f"see it: [bold]awrl view[/], then {page_url(settings.viewer_url, summary.run_id)}", soft_wrap=True)
 
 
 def train(ctx: typer.Context) -> None:

@@ -24,7 +24,9 @@ def runs(ctx: typer.Context, format: Format = FORMAT, ledger: str = LEDGER,  # n
     published, episodes and their success rate."""
     if ctx.invoked_subcommand is not None:
         return
+    from analysis.browse import page_url
     from app.analysis_cli import connect_ledger
+    from pipeline.settings import StackSettings
 
     con = connect_ledger(ledger)
     try:
@@ -42,6 +44,10 @@ def runs(ctx: typer.Context, format: Format = FORMAT, ledger: str = LEDGER,  # n
         console.print("the ledger has no runs yet (`make demo` makes one; `awrl ledger sync` folds new events in)")
         return
     emit_rows(list(COLUMNS), rows, format)
+    if format is Format.table:
+        viewer = StackSettings().viewer_url
+        console.print(f"see them: [bold]awrl view[/], then {page_url(viewer)} (one run: "
+                      f"{page_url(viewer, rows[-1][0])})", soft_wrap=True)
 
 
 class ShowFormat(str, Enum):

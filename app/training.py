@@ -15,6 +15,7 @@ by process group at the end; the ledger is then drained so the whole run is quer
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import subprocess
@@ -72,6 +73,9 @@ class RunConfig:
     """The run's id in the event log and the ledger; empty: a new one (`<mode>-<8 hex digits>`)."""
     log_dir: Path = Path(".awrl/runs")
     """The trainer's and the ledger writer's logs go to `<log_dir>/<run_id>/`."""
+    tensorboard: Path | None = None
+    """Also write the run's curves as TensorBoard event files to `<tensorboard>/<run_id>/`, from the
+    ledger as it fills (every `TENSORBOARD_EVERY_S`) and complete once the run is drained."""
     patience: int | None = 32
     """Stop the run, saying why, after this many groups in a row dropped as uninformative with no update
     between (`trainer.starvation`); None: idle to the budget. At a 70% drop rate a healthy run meets
@@ -223,6 +227,7 @@ def run_training(settings: StackSettings, config: RunConfig, on_progress=None, r
     watcher = threading.Thread(target=follow, args=(settings, TRAINER, run_id, progress.on_trainer_event, stop, producer),
                                daemon=True)
     watcher.start()
+    tensorboard = LiveTensorBoard(settings, run_id, config.tensorboard) if config.tensorboard else None
     with open(logs / "trainer.log", "w") as tlog, open(logs / "ledger.log", "w") as llog:
         ledger = subprocess.Popen([sys.executable, "-m", "app.cli", "ledger", "sync", "--follow"], env=env,
                                   stdout=llog, stderr=subprocess.STDOUT, start_new_session=True)
@@ -242,11 +247,55 @@ def run_training(settings: StackSettings, config: RunConfig, on_progress=None, r
             launch.stop(ledger)
     LedgerWriter(settings).sync(idle_exit_s=3.0)  # drain: the whole run is in the ledger
     producer.close()
+    if tensorboard:
+        tensorboard.finish()
     busy = max(progress.busy_s, 1e-9)
     return RunSummary(run_id, config.mode, seconds, progress.episodes, progress.successes, progress.steps,
                       len(progress.updates), progress.version, progress.dropped, progress.trainer_idle,
                       progress.staleness, progress.record_s / busy,
                       None if ledger_cpu_s is None else ledger_cpu_s / busy, progress.stopped)
+
+
+TENSORBOARD_EVERY_S = 15.0
+"""How often `RunConfig.tensorboard` folds the ledger's new points into the event files."""
+
+
+class LiveTensorBoard:
+    """Exports a run's new points from the ledger to TensorBoard every `TENSORBOARD_EVERY_S` while the
+    run goes on, and once more, complete, after the drain (`finish`). It only reads the ledger."""
+
+    def __init__(self, settings: StackSettings, run_id: str, out: Path):
+        from analysis.export import TensorBoardExport
+
+        self.settings, self.run_id = settings, run_id
+        self.export = TensorBoardExport(out, run_id)
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._loop, name="tensorboard", daemon=True)
+        self.thread.start()
+
+    def _sync(self) -> None:
+        from analysis.ledger import connect
+
+        con = connect(self.settings, run_id=self.run_id)
+        try:
+            self.export.sync(con)
+        finally:
+            con.close()
+
+    def _loop(self) -> None:
+        while not self.stop.wait(TENSORBOARD_EVERY_S):
+            try:
+                self._sync()
+            except OSError as exc:  # the store hiccuped: the next round reads again
+                logging.getLogger(__name__).warning("tensorboard export: %s", exc)
+
+    def finish(self) -> None:
+        self.stop.set()
+        self.thread.join()
+        try:
+            self._sync()
+        finally:
+            self.export.close()
 
 
 def _cpu_seconds(pid: int) -> float | None:

@@ -19,6 +19,7 @@ import io
 import dagster as dg
 import pyarrow as pa
 
+from analysis.browse import page_url
 from analysis.curves import evaluation_points, success_by_version
 from analysis.drift import DriftReport, drift_metrics
 from analysis.ledger import connect
@@ -82,6 +83,7 @@ def trajectories(context: dg.AssetExecutionContext, ledger: Ledger) -> dg.Output
     if n:
         metadata["success_rate_curve"] = plot_md(f"success rate (rolling {window})", list(range(1, n + 1)),
                                                  {"success rate": curve}, "trajectories finished", (-0.05, 1.05))
+    metadata["viewer"] = dg.MetadataValue.url(page_url(ledger.settings().viewer_url, context.partition_key))
     return output(table, **metadata)
 
 
@@ -113,6 +115,9 @@ def updates(context: dg.AssetExecutionContext, ledger: Ledger) -> dg.Output[pa.T
     if table.num_rows:
         metadata["loss_curve"] = plot_md("loss", table.column("update_step").to_pylist(),
                                          {"loss": table.column("loss").to_pylist()}, "update step")
+        last = max(table.column("update_step").to_pylist())  # its page links to the trajectories it trained on
+        metadata["viewer"] = dg.MetadataValue.url(
+            page_url(ledger.settings().viewer_url, context.partition_key, "updates", last))
     return output(table, **metadata)
 
 

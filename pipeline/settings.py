@@ -66,6 +66,9 @@ class StackSettings(BaseSettings):
     `vllm` service); None when the stack runs none."""
     vllm_model: str = "policy"
     """The model name that server serves (its `--served-model-name`)."""
+    viewer_url: str = "http://127.0.0.1:8765"
+    """Where `awrl view` serves the trajectory viewer: the base of the links that `awrl runs`, `make demo`
+    and the Dagster assets' metadata print."""
 
     def with_ledger(self, ledger_uri: str | None) -> StackSettings:
         """These settings with another ledger root (a `--ledger` option), or unchanged for None."""

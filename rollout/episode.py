@@ -18,7 +18,7 @@ from rollout.actions import describe, parse_response
 from rollout.browser import BrowserWorker
 from rollout.execute import BrowserScreen
 from rollout.types import Policy, Screen, Suite, Verdict
-from schemas import EpisodeFinished, EpisodeStarted, Event, StepRecorded, StepTimings
+from schemas import EpisodeFinished, EpisodeStarted, Event, StepMark, StepRecorded, StepTimings
 from schemas.observation import Observation, PastStep, Task
 
 
@@ -136,6 +136,8 @@ async def _loop(ctx: EpisodeContext, screen: Screen, task: Task, instruction: st
             behave_logprobs=out.logprobs, token_policy_versions=out.token_policy_versions, policy_version=version,
             env_feedback=done.feedback, error_class=done.error_class,
             timings=StepTimings(policy_s=policy_s, browser_s=done.browser_s, wait_s=done.wait_s),
+            marks=[StepMark(id=m.id, role=m.role, name=_encodable(m.name), x=m.x, y=m.y, width=m.width,
+                            height=m.height) for m in marks], marks_drawn=cfg.som,
         ))
         recorded[0] += 1
         recorded[1] += done.error_class in MALFORMED

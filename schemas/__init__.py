@@ -16,6 +16,7 @@ from schemas.events import (
     PolicyVersionPublished,
     RankMemory,
     RunStarted,
+    StepMark,
     StepRecorded,
     StepTimings,
     TaskGroupDispatched,
@@ -26,6 +27,6 @@ from schemas.events import (
 
 __all__ = [
     "Action", "BY_NAME", "EVENT_TYPES", "SCHEMA_VERSION", "EpisodeFinished", "EpisodeStarted", "EvaluationCompleted", "Event",
-    "GroupCompleted", "GroupDropped", "PolicyVersionLoaded", "PolicyVersionPublished", "RankMemory", "RunStarted", "StepRecorded", "StepTimings", "TaskGroupDispatched",
+    "GroupCompleted", "GroupDropped", "PolicyVersionLoaded", "PolicyVersionPublished", "RankMemory", "RunStarted", "StepMark", "StepRecorded", "StepTimings", "TaskGroupDispatched",
     "UpdateApplied", "arrow_schema", "decode_event", "encode_event", "events_to_table", "table_to_events",
 ]

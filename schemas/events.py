@@ -22,13 +22,14 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainSeriali
 from schemas.actions import Action
 from schemas.arrow import Int64
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 """2: GroupDropped; UpdateApplied timings and staleness; PolicyVersionPublished lineage.
 3: EvaluationCompleted (a learning curve's points).
 4: UpdateApplied.memory (per-rank bytes of the sharded trainer; null in older files).
 5: RunStarted (a run's resolved configuration).
 6: GroupDropped.mean_reward and .invalid_share (why a run starves; null in older files).
-7: PolicyVersionLoaded (how a sampler got each version); PolicyVersionPublished.push_s."""
+7: PolicyVersionLoaded (how a sampler got each version); PolicyVersionPublished.push_s.
+8: StepRecorded.marks and .marks_drawn (the Set-of-Mark elements of each screen; empty in older files)."""
 Sha256 = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
 Outcome = Literal["success", "failure", "env_error"]
 
@@ -154,6 +155,18 @@ class StepTimings(Frozen):
     """Time waiting for the page to settle."""
 
 
+class StepMark(Frozen):
+    """One Set-of-Mark element of a step's screen: its id, what it is, and its box in CSS pixels."""
+
+    id: Int64
+    role: str
+    name: str
+    x: Int64
+    y: Int64
+    width: Int64
+    height: Int64
+
+
 class StepRecorded(Event):
     """One agent step. Pixels are referenced by sha256 in the screenshot store, never carried here."""
 
@@ -186,6 +199,11 @@ class StepRecorded(Event):
     error_class: str | None = None
     """Set when the step failed: `invalid_action`, `timeout`, `browser_crash`, ..."""
     timings: StepTimings
+    marks: list[StepMark] = Field(default_factory=list)
+    """The screen's Set-of-Mark elements (computed in every mode: the environment acts on them), so a
+    viewer can draw them on a plain screenshot. Empty in events older than `SCHEMA_VERSION` 8."""
+    marks_drawn: bool = False
+    """Whether `screenshot_sha256` already has the marks drawn on it (Set-of-Mark mode)."""
 
     @model_validator(mode="after")
     def _aligned_tokens(self) -> StepRecorded:

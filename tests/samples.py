@@ -12,7 +12,17 @@ import random
 
 from PIL import Image, ImageDraw
 
-from schemas import Action, EpisodeFinished, EpisodeStarted, GroupCompleted, StepRecorded, StepTimings
+from schemas import (
+    Action,
+    EpisodeFinished,
+    EpisodeStarted,
+    GroupCompleted,
+    PolicyVersionPublished,
+    StepMark,
+    StepRecorded,
+    StepTimings,
+    UpdateApplied,
+)
 
 
 def render_page(title: str, lines: int = 12, size: tuple[int, int] = (1280, 720), seed: int = 0) -> bytes:
@@ -59,7 +69,13 @@ def sample_step(run_id: str, group_id: str, trajectory_id: str, step: int, scree
         policy_version=policy_version,
         env_feedback=f"clicked button 'item {step}'",
         timings=StepTimings(policy_s=0.2, browser_s=0.05, wait_s=0.1),
+        marks=SAMPLE_MARKS,
     )
+
+
+SAMPLE_MARKS = [StepMark(id=0, role="link", name="awrl-shop.local", x=24, y=16, width=120, height=20),
+                StepMark(id=1, role="button", name="Add to cart", x=1000, y=640, width=200, height=50)]
+"""The interactive elements of a `render_page` screen, as the rollout records them."""
 
 
 def sample_group(run_id: str, group_id: str, screenshot_hashes: list[str], group_size: int = 4,
@@ -96,3 +112,31 @@ def stored_sha256(settings, version) -> str:
 
     directory = CheckpointStore.from_settings(settings).download(version.checkpoint_uri)
     return weights_sha256(load_file(directory / "model.safetensors"))
+
+
+def write_viewable_run(settings, run_id: str, groups: int = 2, group_size: int = 4, steps: int = 5,
+                       screenshots: int = 6) -> dict[str, list]:
+    """A run a person could look at: `screenshots` rendered pages in the store, `groups` finished groups
+    acting on them, two versions and one update over every group, written through `LedgerWriter` into
+    `settings.ledger_uri`. Returns the events by type."""
+    from pipeline.ledger import LedgerWriter
+    from pipeline.store import ScreenshotStore
+
+    store = ScreenshotStore.from_settings(settings)
+    store.ensure_bucket()
+    hashes = store.put_many([render_page(f"page {i}", seed=i) for i in range(screenshots)])
+    events = [e for g in range(groups) for e in sample_group(run_id, f"g{g}", hashes, group_size, steps, seed=g)]
+    trained = [e.trajectory_id for e in events if isinstance(e, EpisodeFinished)]
+    events += [PolicyVersionPublished(run_id=run_id, version=v, checkpoint_uri=f"s3://awrl/ckpt/{v}",
+                                      checkpoint_sha256="0" * 64, update_step=v - 1 if v else None) for v in (0, 1)]
+    events.append(UpdateApplied(run_id=run_id, update_step=0, version_before=0, version_after=1,
+                                group_ids=[f"g{g}" for g in range(groups)], trajectory_ids=trained, loss=0.5,
+                                grad_norm=1.0, stats={"clip_frac": 0.1, "approx_kl": 0.01}, config_json="{}",
+                                weights_sha256="1" * 64, duration_s=0.2, world_size=1))
+    by_type: dict[str, list] = {}
+    for e in events:
+        by_type.setdefault(type(e).__name__, []).append(e)
+    writer = LedgerWriter(settings)
+    for event_type, batch in by_type.items():
+        writer._write(run_id, event_type, batch)
+    return by_type

@@ -135,6 +135,9 @@ def test_assets_materialize_with_row_counts(run):
                         ("learning_curve", "success_by_version_curve")):
         png = result.asset_materializations_for_node(asset)[0].metadata[plot].value
         assert "](data:image/png;base64," in png, asset
+    # links into the trajectory viewer (`awrl view`), where the rows can be looked at one by one
+    links = {a: result.asset_materializations_for_node(a)[0].metadata["viewer"].value for a in ("trajectories", "updates")}
+    assert links == {"trajectories": f"http://127.0.0.1:8765/runs/{RUN}", "updates": f"http://127.0.0.1:8765/runs/{RUN}/updates/0"}
 
 
 def test_every_check_passes_on_a_sound_run(run):

@@ -179,6 +179,8 @@ def test_settings_come_from_the_environment_then_dotenv_then_the_local_stack(tmp
 
 def _mistakes(ledger: Path, tmp: Path) -> list[tuple[list[str], int, str]]:
     (tmp / "bad.yaml").write_text("train:\n  lrr: 3\n")
+    (tmp / "full").mkdir(exist_ok=True)
+    (tmp / "full" / "x").write_text("")
     L = ["--ledger", str(ledger)]
     return [
         (["sql", "SELECT 1"], 2, "S3 credentials missing"),  # nothing says where the stack is
@@ -209,6 +211,10 @@ def _mistakes(ledger: Path, tmp: Path) -> list[tuple[list[str], int, str]]:
         (["rollout", "--suite", "nope"], 2, "'nope' is not one of"),
         (["stack", "status", "--data-dir", str(tmp / "none")], 1, "no stack running"),
         (["health", "--heartbeat", str(tmp / "none")], 1, "no heartbeat yet"),
+        (["view"], 2, "S3 credentials missing"),
+        (["view", "--host", "203.0.113.7", *L], 2, "203.0.113.7:8765 cannot be bound"),
+        (["export", "tensorboard", "nosuch", *L], 2, "no run 'nosuch'"),
+        (["export", "dataset", "r1", "--out", str(tmp / "full"), *L], 2, "is not empty"),
     ]
 
 

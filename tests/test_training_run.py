@@ -1,5 +1,6 @@
 """`awrl run` smoke tests with a tiny budget: each schedule runs the pool, the trainer and the ledger
-writer together, updates the policy, and leaves the whole run in the ledger."""
+writer together, updates the policy, and leaves the whole run in the ledger; its TensorBoard files,
+written live, match the ledger, and the viewer shows its real browser steps with their marks."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ def test_a_short_run_trains_and_reaches_the_ledger(settings, tmp_path, mode):
     settings = settings.model_copy(update={"ledger_uri": str(tmp_path / "ledger")})
     config = RunConfig(mode=mode, minutes=1.0, rollout=replace(RunConfig().rollout, policy="demo", noise=0.5),
                        train=TrainConfig(run_id="", groups_per_update=1, dynamic_sampling=False),
-                       log_dir=tmp_path / "runs")
+                       log_dir=tmp_path / "runs", tensorboard=tmp_path / "tb")
     seen = []
     summary = run_training(settings, config, on_progress=seen.append)
     print(f"\n{mode}: {summary}")
@@ -31,3 +32,47 @@ def test_a_short_run_trains_and_reaches_the_ledger(settings, tmp_path, mode):
     assert rows == summary.updates
     assert con.sql(f"select count(*) from trajectories where run_id = '{summary.run_id}'").fetchall()[0][0] > 0
     assert (tmp_path / "runs" / summary.run_id / "trainer.log").stat().st_size > 0
+    _tensorboard_matches_the_ledger(con, summary.run_id, tmp_path / "tb")
+    _the_viewer_shows_a_real_step(settings, con, summary.run_id)
+
+
+def _tensorboard_matches_the_ledger(con, run_id: str, logdir) -> None:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(logdir / run_id))
+    events.Reload()
+    updates = con.execute("SELECT update_step, loss FROM updates WHERE run_id = $r ORDER BY update_step",
+                          {"r": run_id}).fetchall()
+    assert [(e.step, e.value) for e in events.Scalars("update/loss")] == [(s, pytest.approx(v)) for s, v in updates]
+
+
+def _the_viewer_shows_a_real_step(settings, con, run_id: str) -> None:
+    """The viewer in-process over the run: a trajectory page, and a step drawn with its recorded marks."""
+    import io
+    import threading
+    import urllib.request
+
+    import uvicorn
+    from PIL import Image
+
+    from app.viewer import make_app
+
+    tid, step, marks = con.execute(
+        "SELECT trajectory_id, step, len(marks) FROM steps WHERE run_id = $r AND len(marks) > 0 "
+        "ORDER BY trajectory_id, step LIMIT 1", {"r": run_id}).fetchall()[0]
+    assert marks > 0  # the rollout records the Set-of-Mark elements of each screen
+    server = uvicorn.Server(uvicorn.Config(make_app(settings), host="127.0.0.1", port=0, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        thread.join(0.1)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    try:
+        base = f"http://127.0.0.1:{port}/runs/{run_id}/trajectories/{tid}"
+        html = urllib.request.urlopen(base, timeout=60).read().decode()
+        assert f'id="step-{step}"' in html and "placeholder" not in html
+        png = urllib.request.urlopen(f"{base}/steps/{step}.png", timeout=60).read()
+        assert Image.open(io.BytesIO(png)).size[0] > 0
+    finally:
+        server.should_exit = True
+        thread.join(10)

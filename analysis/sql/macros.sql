@@ -22,3 +22,8 @@ CREATE OR REPLACE MACRO awrl_wilson_bound(k, n, z, sign) AS
 CREATE OR REPLACE MACRO awrl_wilson(k, n, z := 1.96) AS
     CASE WHEN n = 0 THEN {'low': 0.0, 'high': 1.0}
          ELSE {'low': awrl_wilson_bound(k, n, z, -1), 'high': awrl_wilson_bound(k, n, z, 1)} END;
+
+-- A task's template from its id, for tables that group by it: the suite's prefix and the seed dropped.
+-- "sites.shop.add_item.00" -> shop.add_item; "miniwob.click-test.0" -> click-test; "boxes-pick-3" -> boxes-pick.
+CREATE OR REPLACE MACRO awrl_task_template(task_id) AS
+    regexp_replace(regexp_replace(task_id, '[.-][0-9]+$', ''), '^(sites|miniwob)\.', '');

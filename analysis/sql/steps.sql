@@ -26,6 +26,8 @@ SELECT
     timings.browser_s               AS browser_s,
     timings.wait_s                  AS wait_s,
     screenshot_sha256,
+    marks,
+    marks_drawn,
     emitted_at,
     event_id
 FROM step_recorded;
