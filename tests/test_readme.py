@@ -34,7 +34,7 @@ def test_the_walk_is_the_users_story():
     firsts = [b.split()[0] for b in blocks]
     assert blocks[0].strip() == "make demo" and blocks[-1].strip() == ".venv/bin/awrl stack down", firsts
     text = "\n".join(blocks)
-    for verb in ("awrl runs", "awrl drift", "awrl sql", "awrl replay", "awrl runs show"):
+    for verb in ("awrl runs", "awrl export", "awrl drift", "awrl sql", "awrl replay", "awrl runs show"):
         assert verb in text, verb
 
 
@@ -60,12 +60,15 @@ def test_readme_walk(boxes_warm_start, tmp_path):
     assert "Traceback" not in out.stderr, out.stderr[-4000:]
     parts = re.split(r">>> block \d+\n", out.stdout)[1:]
     assert len(parts) == len(blocks)
-    demo, runs, drift, queries, replay, show, down = parts
+    demo, runs, exports, drift, queries, replay, show, down = parts
     for row in ("success after sft", "success after rl", "events in ledger", "dagster assets materialized",
                 "dagster checks passed"):
         assert row in demo, row
     assert "failed:" not in demo, demo  # every asset check green on the demo's own run
-    assert "demo" in runs and "boxes" in runs
+    assert "see it: awrl view, then http://127.0.0.1:8765/runs/" in demo  # the viewer's page of the run
+    assert "demo" in runs and "boxes" in runs and "see them: awrl view" in runs
+    assert "points to runs-tb" in exports and list((tmp_path / "runs-tb").glob("*/events.out.tfevents.*"))
+    assert re.search(r"wrote \d+ steps in \d+ file", exports) and list((tmp_path / "datasets").glob("*/steps-*.parquet"))
     assert "generic key ratio" in drift and "keys per step slope" in drift
     for column in ("mean_keys", "trajectories", "keys_added", "values_changed"):
         assert column in queries, column

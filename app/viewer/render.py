@@ -59,14 +59,12 @@ class Screenshots:
 
 
 def drawn_step(png: bytes, step: dict) -> bytes:
-    """The screenshot with the step's Set-of-Mark boxes (unless already drawn on it) and its click: a
-    ring at (x, y), or at the centre of the mark it named."""
+    """The screenshot with the step's Set-of-Mark boxes (unless already drawn on it) and where it acted
+    (a click, or typing into a field): a ring at (x, y), or at the centre of the mark it named."""
     marks = [Mark(**m) for m in step["marks"] or []]
     if marks and not step["marks_drawn"]:
         png = draw_marks(png, marks)
     action = step["action"] or {}
-    if action.get("kind") != "click":
-        return png
     at = (action["x"], action["y"]) if action.get("x") is not None else next(
         (m.center for m in marks if m.id == action.get("mark")), None)
     if at is None:
