@@ -281,3 +281,24 @@ def test_dataset_export_loads_with_pyarrow_and_datasets(viewed, tmp_path):
     loaded = datasets.load_dataset("parquet", data_dir=str(out), split="train")
     assert len(loaded) == good and loaded[0]["image"].size == (1280, 720)
     assert set(loaded.column_names) >= {"trajectory_id", "step", "outcome", "reward", "advantage", "image"}
+
+
+def test_the_update_page_shows_the_replay_asset_when_there_is_one(viewed, page):
+    """The `replay` asset's file, where Dagster's IO manager writes it, as its schema has it."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from assets.replay import SCHEMA
+
+    settings, run_id, base, _ = viewed
+    page.goto(f"{base}/runs/{run_id}/updates/0")
+    assert page.locator("#replay").inner_text().startswith("not replayed")
+    row = {name: None for name in SCHEMA.names} | {"update_step": 0, "version_before": 0, "exact": True,
+                                                    "loss_recorded": 0.5, "loss_replayed": 0.5}
+    path = Path(settings.ledger_uri) / "assets" / "replay" / f"run_id={run_id}" / "data.parquet"
+    path.parent.mkdir(parents=True)
+    pq.write_table(pa.Table.from_pylist([row], schema=SCHEMA), path)
+    page.goto(f"{base}/runs/{run_id}/updates/0")
+    assert page.locator("#replay").inner_text().startswith("bit-exact: recorded loss 0.5, replayed 0.5")
+    assert page.locator("#weights").inner_text() == "1" * 64
+    assert page.locator("#update-trajectories tr").count() - 1 == 8  # the 2 groups' trajectories
