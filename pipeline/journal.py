@@ -97,6 +97,9 @@ class Journal:
         """The event ids the partition's entries name in existing files, and the offset below which
         every record is in the ledger."""
         position = Position(set(), self.entries(topic, partition), None)
+        if self.local:  # an entry whose write a crash cut short was never renamed into place: it named nothing
+            for tmp in Path(self._dir(topic, partition)).glob(f"*.json.*{TMP_SUFFIX}"):
+                tmp.unlink(missing_ok=True)
         for entry in position.entries:
             record = json.loads(self._read(entry))
             complete = True

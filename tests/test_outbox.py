@@ -72,7 +72,7 @@ def test_three_broker_kills_lose_nothing_with_the_outbox(stack, settings, tmp_pa
     without (the negative control), what the writer had not written when the broker died is gone."""
     kafka = start_tansu(tmp_path, port=None)
     own = LocalStack(data_dir=tmp_path, services=[kafka], kafka_bootstrap=f"127.0.0.1:{kafka.port}", s3=stack.s3)
-    settings = settings.model_copy(update={"kafka_bootstrap": own.kafka_bootstrap,
+    settings = settings.model_copy(update={"kafka_bootstrap": own.kafka_bootstrap, "outbox_dir": None,
                                            "ledger_uri": str(tmp_path / "ledger")})
     create_topics(settings)
     with_box = settings.model_copy(update={"outbox_dir": tmp_path / "outbox"})
