@@ -98,7 +98,7 @@ class EventProducer:
         self._admin: KafkaAdminClient | None = None
         if settings.outbox_dir is not None:  # `pipeline.outbox`: kept on disk until the ledger has it
             self.outbox = Outbox(settings.outbox_dir / f"{client_id}.sqlite")
-            self._reconciler = Reconciler(self.outbox, self.cluster_id, self._ledger_floors, self._resend)
+            self._reconciler = Reconciler(self.outbox, self._ledger_floors, self.cluster_id, self._resend)
 
     def publish(self, event: Event):
         """Send asynchronously; the returned future raises if the broker never acknowledged it."""
@@ -153,8 +153,11 @@ class EventProducer:
         """The broker's cluster id as this producer last saw it (a memory broker gets a new one at restart)."""
         return getattr(self._kafka._metadata, "cluster_id", None)  # no public accessor
 
-    def _ledger_floors(self) -> dict[tuple[str, int], int]:
-        """The ledger writers' committed offsets: below them every event is in Parquet."""
+    def _ledger_floors(self) -> dict[tuple[str, int], tuple[str, int]]:
+        """Per (topic, partition): the cluster id and offset the ledger writers last committed; below
+        it every event of that cluster's log is in Parquet. The writers tag each commit with the
+        cluster id of the log they read (`EventConsumer.commit`), so the offsets of a broker that
+        restarted empty are never taken for the old one's."""
         try:
             if self._admin is None:
                 self._admin = KafkaAdminClient(bootstrap_servers=self.settings.kafka_bootstrap,
@@ -166,7 +169,8 @@ class EventProducer:
             if admin is not None:
                 admin.close()
             raise
-        return {(tp.topic, tp.partition): om.offset for tp, om in committed.items() if om.offset >= 0}
+        return {(tp.topic, tp.partition): (om.metadata, om.offset) for tp, om in committed.items()
+                if om.offset >= 0 and om.metadata}
 
     def _on_failure(self, _exc: BaseException) -> None:
         self.failures += 1
@@ -183,9 +187,10 @@ class EventProducer:
         self._kafka.flush(timeout=timeout)
 
     def close(self, timeout: float | None = None) -> None:
-        self._kafka.close(timeout=timeout)
-        if self._reconciler is not None:
+        if self._reconciler is not None:  # first: no resend may start while the producer closes
             self._reconciler.close()
+        self._kafka.close(timeout=timeout)
+        if self.outbox is not None:
             self.outbox.close()
         if self._admin is not None:
             self._admin.close()
@@ -282,6 +287,12 @@ class EventConsumer:
     def cluster_id(self) -> str | None:
         return getattr(self._kafka._client.cluster, "cluster_id", None)  # no public accessor
 
+    @property
+    def polled_cluster(self) -> str | None:
+        """The cluster id of the log `polled()` counts in (updated by `poll`, which clears the
+        positions when the broker turns out to be a new one)."""
+        return self._cluster_id
+
     def poll(self, timeout_ms: int = 1000, max_records: int | None = None) -> list[Delivered]:
         health.beat()
         batches = self._kafka.poll(timeout_ms=timeout_ms, max_records=max_records)
@@ -340,8 +351,10 @@ class EventConsumer:
         acknowledge exactly what was polled so far."""
         return dict(self._polled)
 
-    def commit(self, offsets: dict[tuple[str, int], int] | None = None) -> bool:
+    def commit(self, offsets: dict[tuple[str, int], int] | None = None, cluster: str | None = None) -> bool:
         """Commit every position `poll()` reached, or exactly `{(topic, partition): next_offset}`.
+        `cluster`: the cluster id whose log these offsets count in (when they were polled); offsets of
+        a log the broker has since lost are not committed (False), nor would they mean anything there.
 
         False when the group no longer knows this member (a rebalance, a restarted broker): the
         messages will be delivered again, which every consumer here absorbs by event id."""
@@ -349,7 +362,11 @@ class EventConsumer:
             if offsets is None:
                 self._kafka.commit()
             else:
-                self._kafka.commit({TopicPartition(t, p): OffsetAndMetadata(o, "", -1) for (t, p), o in offsets.items()})
+                if cluster is not None and cluster != self._cluster_id:
+                    return False
+                # the metadata names the log these offsets count in: producers' outboxes confirm against it
+                tag = self._cluster_id or ""
+                self._kafka.commit({TopicPartition(t, p): OffsetAndMetadata(o, tag, -1) for (t, p), o in offsets.items()})
         except (CommitFailedError, RebalanceInProgressError, IllegalGenerationError, UnknownMemberIdError):
             # kafka-python 3 raises the broker's own error when a rebalance starts mid-commit (a second
             # ledger writer joining): uncaught, it killed the running writer (seen in a full test run)

@@ -9,8 +9,9 @@ producer the durable copy instead:
   (cluster id, partition, offset) once acknowledged.
 - The ledger writer commits a partition's offset only once the files holding everything below it are
   durable, so the ledger group's committed offsets are the floor below which every event is in
-  Parquet. `confirm(cluster, floors)` deletes what lies below them, on the same cluster only: a broker
-  that restarted empty has a new cluster id and numbers offsets from 0 again.
+  Parquet. Each commit names the cluster id of the log it counts in (its metadata), and `confirm`
+  deletes what lies below a floor on that cluster only: a broker that restarted empty has a new
+  cluster id and numbers offsets from 0 again.
 - `to_resend(cluster)` is what must go out again: events acknowledged by a broker that has since lost
   its log (another cluster id), and events written but never acknowledged by anyone (a send that
   failed, or a producer killed between `add` and its send). The ledger drops what arrives twice, by
@@ -110,11 +111,12 @@ class Outbox:
             self._db.execute('UPDATE pending SET cluster = ?, partition = ?, "offset" = ? WHERE event_id = ?',
                              (cluster, partition, offset, event_id))
 
-    def confirm(self, cluster: str, floors: dict[tuple[str, int], int]) -> int:
-        """Delete the events of `cluster` below each partition's committed ledger offset; returns how many."""
+    def confirm(self, floors: dict[tuple[str, int], tuple[str, int]]) -> int:
+        """Delete the events below each partition's committed ledger offset `(cluster, offset)`, on
+        that cluster only; returns how many."""
         with self._lock:
             deleted = 0
-            for (topic, partition), floor in floors.items():
+            for (topic, partition), (cluster, floor) in floors.items():
                 deleted += self._db.execute(
                     'DELETE FROM pending WHERE cluster = ? AND topic = ? AND partition = ? AND "offset" < ?',
                     (cluster, topic, partition, floor)).rowcount
@@ -147,8 +149,11 @@ class Reconciler:
     """Every `every_s`: confirm what the ledger holds, and send again what a lost broker or a failed
     send left out. A thread of the producer that owns the outbox."""
 
-    def __init__(self, outbox: Outbox, cluster_id, floors, resend, every_s: float = 2.0, resend_after_s: float = 10.0):
-        self.outbox, self.cluster_id, self.floors, self.resend = outbox, cluster_id, floors, resend
+    def __init__(self, outbox: Outbox, floors, cluster_id, resend, every_s: float = 2.0,
+                 resend_after_s: float = 10.0):
+        """`floors()`: the ledger's committed (cluster id, offset) per (topic, partition);
+        `cluster_id()`: the broker's now, as the producer sees it; `resend(pending)`: send one again."""
+        self.outbox, self.floors, self.cluster_id, self.resend = outbox, floors, cluster_id, resend
         self.every_s, self.resend_after_s = every_s, resend_after_s
         self.inflight: set[str] = set()
         """Event ids sent by this process and not yet acknowledged or failed."""
@@ -165,10 +170,10 @@ class Reconciler:
                 log.info("outbox round failed: %s", exc)
 
     def step(self) -> None:
+        self.outbox.confirm(self.floors())
         cluster = self.cluster_id()
         if cluster is None:
             return
-        self.outbox.confirm(cluster, self.floors())
         again = self.outbox.to_resend(cluster, self.resend_after_s, skip=set(self.inflight))
         if again:
             self.outbox.forget_sends([p.event_id for p in again])

@@ -34,8 +34,8 @@ def test_the_outbox_keeps_what_the_ledger_has_not_confirmed(tmp_path):
     assert len(box) == 4
     for i in range(3):
         box.sent(f"e{i}", "c1", 0, i)
-    assert box.confirm("c1", {("t", 0): 2}) == 2  # offsets 0 and 1 are in Parquet
-    assert box.confirm("c2", {("t", 0): 10}) == 0  # another cluster's offsets confirm nothing
+    assert box.confirm({("t", 0): ("c1", 2)}) == 2  # offsets 0 and 1 are in Parquet
+    assert box.confirm({("t", 0): ("c2", 10)}) == 0  # another cluster's offsets confirm nothing
     again = box.to_resend("c2", older_than_s=0)  # e2 was acked by c1, lost; e3 never acked
     assert [p.event_id for p in again] == ["e2", "e3"] and again[0].headers == [("h", b"\x00\x01")]
     assert [p.event_id for p in box.to_resend("c1", older_than_s=3600)] == []  # e3: maybe still in flight
@@ -94,13 +94,13 @@ def test_three_broker_kills_lose_nothing_with_the_outbox(stack, settings, tmp_pa
     finally:
         writer_stop.set()
         writer.join(timeout=60)
+        boxed.producer.close(timeout=10), bare.producer.close(timeout=10)
         own.down()
     resent = boxed.producer._reconciler.resent
     row = account("broker (Tansu, in memory) SIGKILLed 3 times, producers with the outbox", boxed.acked,
                   settings, run_box, note=f"{resent} events sent again from the outbox; the ledger kept each once")
     control = account("  the same 3 kills, producer without the outbox (negative control)", bare.acked,
                       settings, run_bare, note="acknowledged, then lost with the broker's memory")
-    boxed.producer.close(), bare.producer.close()
     assert row.lost == 0 and row.duplicated == 0 and resent > 0
     assert control.lost > 0 and control.duplicated == 0  # the fault was real, and the test can see a loss
 
