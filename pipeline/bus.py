@@ -27,7 +27,6 @@ from kafka.structs import OffsetAndMetadata, TopicPartition
 from pydantic import ValidationError
 
 from pipeline import health
-from pipeline.outbox import Outbox, Pending, Reconciler
 from pipeline.settings import StackSettings
 from pipeline.topics import ALL_TOPICS, DEAD_LETTER, Topic, accepts, partition_key, topic_of
 from schemas import Event, decode_event, encode_event
@@ -93,12 +92,6 @@ class EventProducer:
         """Sends the broker never acknowledged."""
         self.restarts = 0
         """Fresh Kafka producers started after failures."""
-        self.outbox: Outbox | None = None
-        self._reconciler: Reconciler | None = None
-        self._admin: KafkaAdminClient | None = None
-        if settings.outbox_dir is not None:  # `pipeline.outbox`: kept on disk until the ledger has it
-            self.outbox = Outbox(settings.outbox_dir / f"{client_id}.sqlite")
-            self._reconciler = Reconciler(self.outbox, self._ledger_floors, self.cluster_id, self._resend)
 
     def publish(self, event: Event):
         """Send asynchronously; the returned future raises if the broker never acknowledged it."""
@@ -106,7 +99,7 @@ class EventProducer:
             ("event_type", type(event).__name__.encode()),
             ("schema_version", str(event.schema_version).encode()),
         ]
-        return self.send_raw(topic_of(event), encode_event(event), partition_key(event), headers, event.event_id)
+        return self.send_raw(topic_of(event), encode_event(event), partition_key(event), headers)
 
     def publish_all(self, events: Iterable[Event], timeout: float = 60.0) -> int:
         """Send and wait for every acknowledgement; raises on the first failure, returns the count."""
@@ -116,61 +109,12 @@ class EventProducer:
             f.get(timeout=timeout)
         return len(futures)
 
-    def send_raw(self, topic: Topic, value: bytes, key: bytes | None = None, headers: Headers | None = None,
-                 event_id: str | None = None):
-        """Send one record; with an outbox and an `event_id`, it is on disk first (`pipeline.outbox`)."""
-        name = topic_name(self.settings, topic)
-        if self.outbox is not None and event_id is not None:
-            self.outbox.add(event_id, name, key, value, headers or [])
-            return self._send(Pending(event_id, name, key, value, headers or []))
+    def send_raw(self, topic: Topic, value: bytes, key: bytes | None = None, headers: Headers | None = None):
         with self._lock:
             if self._failed:
                 self._restart()
-            future = self._kafka.send(name, value=value, key=key, headers=headers or [])
+            future = self._kafka.send(topic_name(self.settings, topic), value=value, key=key, headers=headers or [])
         return future.add_errback(self._on_failure)
-
-    def _send(self, p: Pending):
-        """Send an event the outbox holds; its acknowledgement is recorded there."""
-        inflight = self._reconciler.inflight
-        inflight.add(p.event_id)
-        with self._lock:
-            if self._failed:
-                self._restart()
-            cluster = self.cluster_id()
-            future = self._kafka.send(p.topic, value=p.value, key=p.key, headers=p.headers)
-
-        def acked(meta) -> None:
-            self.outbox.sent(p.event_id, cluster or self.cluster_id(), meta.partition, meta.offset)
-            inflight.discard(p.event_id)
-
-        return future.add_callback(acked).add_errback(self._on_failure).add_errback(
-            lambda _: inflight.discard(p.event_id))
-
-    def _resend(self, p: Pending) -> None:
-        self._send(p)
-
-    def cluster_id(self) -> str | None:
-        """The broker's cluster id as this producer last saw it (a memory broker gets a new one at restart)."""
-        return getattr(self._kafka._metadata, "cluster_id", None)  # no public accessor
-
-    def _ledger_floors(self) -> dict[tuple[str, int], tuple[str, int]]:
-        """Per (topic, partition): the cluster id and offset the ledger writers last committed; below
-        it every event of that cluster's log is in Parquet. The writers tag each commit with the
-        cluster id of the log they read (`EventConsumer.commit`), so the offsets of a broker that
-        restarted empty are never taken for the old one's."""
-        try:
-            if self._admin is None:
-                self._admin = KafkaAdminClient(bootstrap_servers=self.settings.kafka_bootstrap,
-                                               client_id="awrl-outbox", request_timeout_ms=10_000)
-            group = group_name(self.settings, "ledger")
-            committed = self._admin.list_group_offsets(group).get(group, {})
-        except Exception:
-            admin, self._admin = self._admin, None  # a restarted broker: connect afresh next round
-            if admin is not None:
-                admin.close()
-            raise
-        return {(tp.topic, tp.partition): (om.metadata, om.offset) for tp, om in committed.items()
-                if om.offset >= 0 and om.metadata}
 
     def _on_failure(self, _exc: BaseException) -> None:
         self.failures += 1
@@ -187,13 +131,7 @@ class EventProducer:
         self._kafka.flush(timeout=timeout)
 
     def close(self, timeout: float | None = None) -> None:
-        if self._reconciler is not None:  # first: no resend may start while the producer closes
-            self._reconciler.close()
         self._kafka.close(timeout=timeout)
-        if self.outbox is not None:
-            self.outbox.close()
-        if self._admin is not None:
-            self._admin.close()
 
 
 @dataclass(frozen=True)
@@ -287,12 +225,6 @@ class EventConsumer:
     def cluster_id(self) -> str | None:
         return getattr(self._kafka._client.cluster, "cluster_id", None)  # no public accessor
 
-    @property
-    def polled_cluster(self) -> str | None:
-        """The cluster id of the log `polled()` counts in (updated by `poll`, which clears the
-        positions when the broker turns out to be a new one)."""
-        return self._cluster_id
-
     def poll(self, timeout_ms: int = 1000, max_records: int | None = None) -> list[Delivered]:
         health.beat()
         batches = self._kafka.poll(timeout_ms=timeout_ms, max_records=max_records)
@@ -351,10 +283,8 @@ class EventConsumer:
         acknowledge exactly what was polled so far."""
         return dict(self._polled)
 
-    def commit(self, offsets: dict[tuple[str, int], int] | None = None, cluster: str | None = None) -> bool:
+    def commit(self, offsets: dict[tuple[str, int], int] | None = None) -> bool:
         """Commit every position `poll()` reached, or exactly `{(topic, partition): next_offset}`.
-        `cluster`: the cluster id whose log these offsets count in (when they were polled); offsets of
-        a log the broker has since lost are not committed (False), nor would they mean anything there.
 
         False when the group no longer knows this member (a rebalance, a restarted broker): the
         messages will be delivered again, which every consumer here absorbs by event id."""
@@ -362,11 +292,7 @@ class EventConsumer:
             if offsets is None:
                 self._kafka.commit()
             else:
-                if cluster is not None and cluster != self._cluster_id:
-                    return False
-                # the metadata names the log these offsets count in: producers' outboxes confirm against it
-                tag = self._cluster_id or ""
-                self._kafka.commit({TopicPartition(t, p): OffsetAndMetadata(o, tag, -1) for (t, p), o in offsets.items()})
+                self._kafka.commit({TopicPartition(t, p): OffsetAndMetadata(o, "", -1) for (t, p), o in offsets.items()})
         except (CommitFailedError, RebalanceInProgressError, IllegalGenerationError, UnknownMemberIdError):
             # kafka-python 3 raises the broker's own error when a rebalance starts mid-commit (a second
             # ledger writer joining): uncaught, it killed the running writer (seen in a full test run)

@@ -143,8 +143,6 @@ class _Flush:
     """Of `_flush`: the batch's journal entries, once its files are durable."""
     polled: dict[tuple[str, int], int]
     """The offsets to commit then: everything polled up to the end of the batch."""
-    cluster: str | None
-    """The cluster id of the log they count in (a broker that restarts empty gets a new one)."""
 
 
 class LedgerWriter:
@@ -202,15 +200,15 @@ class LedgerWriter:
             while stop is None or not stop.is_set():
                 dead_lettered = self.stats.dead_lettered
                 batch = self._collect(consumer)
-                polled, cluster = consumer.polled(), consumer.polled_cluster
+                polled = consumer.polled()
                 flushed = self._settle(consumer, on_flush)
                 if batch:
-                    self._inflight = _Flush(flusher.submit(self._flush, batch, cluster), polled, cluster)
+                    self._inflight = _Flush(flusher.submit(self._flush, batch, consumer.cluster_id), polled)
                     idle_since = None
                 elif self.stats.dead_lettered > dead_lettered:
                     # A run of bad messages is progress, not idleness; the dead-letter topic has
                     # acknowledged them, so commit, or a restart would dead-letter them again.
-                    self._commit(consumer, polled, cluster)
+                    self._commit(consumer, polled)
                     idle_since = None
                 elif flushed:
                     idle_since = None
@@ -234,7 +232,7 @@ class LedgerWriter:
         if inflight is None:
             return False
         entries = inflight.future.result()
-        committed = self._commit(consumer, inflight.polled, inflight.cluster)  # only now: its files are durable
+        committed = self._commit(consumer, inflight.polled)  # only now: its files are durable
         self._journaled(entries, committed)
         self.last_flush_at = time.perf_counter()
         if on_flush:
@@ -249,10 +247,10 @@ class LedgerWriter:
             wait([inflight.future])
 
     @staticmethod
-    def _commit(consumer: EventConsumer, polled: dict[tuple[str, int], int], cluster: str | None) -> bool:
+    def _commit(consumer: EventConsumer, polled: dict[tuple[str, int], int]) -> bool:
         held = consumer.assignment()  # a partition taken away meanwhile is its new owner's to commit
         offsets = {source: offset for source, offset in polled.items() if source in held}
-        return bool(offsets) and consumer.commit(offsets, cluster)
+        return bool(offsets) and consumer.commit(offsets)
 
     def _waited(self, seconds: float) -> None:
         self.stats.store_waited_s += seconds
