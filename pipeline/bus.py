@@ -27,7 +27,10 @@ from kafka.structs import OffsetAndMetadata, TopicPartition
 from pydantic import ValidationError
 
 from pipeline import health
+from pipeline.outbox import Outbox, Pending, Reconciler
+from pipeline.receipts import ReceiptReader
 from pipeline.settings import StackSettings
+from pipeline.store import ledger_filesystem
 from pipeline.topics import ALL_TOPICS, DEAD_LETTER, Topic, accepts, partition_key, topic_of
 from schemas import Event, decode_event, encode_event
 
@@ -92,6 +95,12 @@ class EventProducer:
         """Sends the broker never acknowledged."""
         self.restarts = 0
         """Fresh Kafka producers started after failures."""
+        self.outbox: Outbox | None = None
+        self._reconciler: Reconciler | None = None
+        if settings.outbox_dir is not None:  # `pipeline.outbox`: kept on disk until the ledger has it
+            self.outbox = Outbox(settings.outbox_dir / f"{settings.topic_prefix}.{client_id}.sqlite")
+            receipts = ReceiptReader(*ledger_filesystem(settings, create=False))
+            self._reconciler = Reconciler(self.outbox, receipts, self._live_cluster, self._send)
 
     def publish(self, event: Event):
         """Send asynchronously; the returned future raises if the broker never acknowledged it."""
@@ -99,7 +108,7 @@ class EventProducer:
             ("event_type", type(event).__name__.encode()),
             ("schema_version", str(event.schema_version).encode()),
         ]
-        return self.send_raw(topic_of(event), encode_event(event), partition_key(event), headers)
+        return self.send_raw(topic_of(event), encode_event(event), partition_key(event), headers, event.event_id)
 
     def publish_all(self, events: Iterable[Event], timeout: float = 60.0) -> int:
         """Send and wait for every acknowledgement; raises on the first failure, returns the count."""
@@ -109,12 +118,48 @@ class EventProducer:
             f.get(timeout=timeout)
         return len(futures)
 
-    def send_raw(self, topic: Topic, value: bytes, key: bytes | None = None, headers: Headers | None = None):
+    def send_raw(self, topic: Topic, value: bytes, key: bytes | None = None, headers: Headers | None = None,
+                 event_id: str | None = None):
+        """Send one record; with an outbox and an `event_id`, it is on disk first (`pipeline.outbox`)."""
+        name = topic_name(self.settings, topic)
+        if self.outbox is not None and event_id is not None:
+            self.outbox.add(event_id, name, key, value, headers or [])
+            return self._send(Pending(event_id, name, key, value, headers or []))
         with self._lock:
             if self._failed:
                 self._restart()
-            future = self._kafka.send(topic_name(self.settings, topic), value=value, key=key, headers=headers or [])
+            future = self._kafka.send(name, value=value, key=key, headers=headers or [])
         return future.add_errback(self._on_failure)
+
+    def _send(self, p: Pending):
+        """Send an event the outbox holds; its acknowledgement, and by which broker, is noted there."""
+        inflight = self._reconciler.inflight
+        inflight.add(p.event_id)
+        with self._lock:
+            if self._failed:
+                self._restart()
+            cluster = self.cluster_id() or ""  # before the send: see `pipeline.outbox`
+            future = self._kafka.send(p.topic, value=p.value, key=p.key, headers=p.headers)
+
+        def acked(_meta) -> None:
+            self.outbox.sent(p.event_id, cluster)
+            inflight.discard(p.event_id)
+
+        return future.add_callback(acked).add_errback(self._on_failure).add_errback(
+            lambda _: inflight.discard(p.event_id))
+
+    def cluster_id(self) -> str | None:
+        """The broker's cluster id as this producer last saw it (a memory broker gets a new one at restart)."""
+        return getattr(self._kafka._metadata, "cluster_id", None)  # no public accessor
+
+    def _live_cluster(self) -> str | None:
+        """The cluster id of the broker answering now: a new connection, not the producer's metadata."""
+        admin = KafkaAdminClient(bootstrap_servers=self.settings.kafka_bootstrap, client_id="awrl-outbox",
+                                 request_timeout_ms=10_000)
+        try:
+            return admin.describe_cluster().get("cluster_id")
+        finally:
+            admin.close()
 
     def _on_failure(self, _exc: BaseException) -> None:
         self.failures += 1
@@ -131,7 +176,11 @@ class EventProducer:
         self._kafka.flush(timeout=timeout)
 
     def close(self, timeout: float | None = None) -> None:
+        if self._reconciler is not None:  # first: no resend may start while the producer closes
+            self._reconciler.close()
         self._kafka.close(timeout=timeout)
+        if self.outbox is not None:
+            self.outbox.close()
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import gc
 import io
-import os
 import time
 import uuid
 from collections import defaultdict
@@ -40,8 +39,9 @@ from pipeline.bus import Delivered, EventConsumer, EventProducer
 from pipeline.compaction import CompactionConfig, CompactionResult, compact_run, manifest_rule
 from pipeline.files import write_atomic
 from pipeline.journal import Journal, RecentIds, s3_put
+from pipeline.receipts import ReceiptWriter
 from pipeline.settings import StackSettings
-from pipeline.store import STORE_PATIENCE_S, minio_client, patiently
+from pipeline.store import STORE_PATIENCE_S, ledger_filesystem, minio_client, patiently
 from pipeline.summaries import with_summaries
 from pipeline.topics import ROLLOUT, TASKS, TRAINER
 from schemas import BY_NAME, Event, arrow_schema
@@ -80,21 +80,6 @@ class LedgerStats:
     """Time paused because the object store was unreachable or full."""
     dead_lettered: int = 0
     """Messages that were no valid event for their topic, moved to the dead-letter topic."""
-
-
-def ledger_filesystem(settings: StackSettings, create: bool = True) -> tuple[pafs.FileSystem, str]:
-    """The filesystem and root path of `settings.ledger_uri` (S3 through the stack's endpoint, or local;
-    a local root is created unless `create` is false: readers must not write)."""
-    uri = settings.ledger_uri
-    if uri.startswith("s3://"):
-        access, secret = settings.s3_credentials()
-        fs = pafs.S3FileSystem(access_key=access, secret_key=secret, endpoint_override=settings.s3_endpoint,
-                               scheme="https" if settings.s3_secure else "http", region="us-east-1")
-        return fs, uri.removeprefix("s3://").rstrip("/")
-    path = os.path.abspath(uri.removeprefix("file://"))
-    if create:
-        os.makedirs(path, exist_ok=True)
-    return pafs.LocalFileSystem(), path
 
 
 def list_parquet(fs: pafs.FileSystem, root: str) -> list[str]:
@@ -158,6 +143,8 @@ class LedgerWriter:
         self.recent = RecentIds(config.dedup_window)
         self._put = _object_put(settings, self.fs)
         self.journal = Journal(self.fs, self.root, self._put)
+        self.receipts = ReceiptWriter(self.fs, self.root, self._put)
+        """What is in Parquet, by event id, for the producers' outboxes (`pipeline.receipts`)."""
         self._inflight: _Flush | None = None
         self._entries: dict[tuple[str, int], list[str]] = {}
         """Each partition's journal entries this member knows of, oldest first: all but the newest go
@@ -202,6 +189,7 @@ class LedgerWriter:
                 batch = self._collect(consumer)
                 polled = consumer.polled()
                 flushed = self._settle(consumer, on_flush)
+                self.receipts.maybe_write()
                 if batch:
                     self._inflight = _Flush(flusher.submit(self._flush, batch, consumer.cluster_id), polled)
                     idle_since = None
@@ -221,6 +209,7 @@ class LedgerWriter:
             return self.stats
         finally:
             self._wait_for_flush()  # after an error: let a running write finish (nothing is committed)
+            self.receipts.maybe_write(force=True)
             flusher.shutdown()
             consumer.close()
             producer.close()
@@ -291,6 +280,7 @@ class LedgerWriter:
                    for source, paths in by_partition.items()}
         for key, events in groups.items():
             self._write(*key, events, files[key])
+        self.receipts.add([d.event.event_id for d in batch])  # durable now, repeats included
         now = datetime.now(UTC)
         lag = max(((now - d.event.emitted_at).total_seconds() for d in batch), default=0.0)
         self.stats.lags.append(lag)

@@ -66,6 +66,9 @@ class StackSettings(BaseSettings):
     `vllm` service); None when the stack runs none."""
     vllm_model: str = "policy"
     """The model name that server serves (its `--served-model-name`)."""
+    outbox_dir: Path | None = None
+    """Where producers keep each event until the ledger has it (`pipeline.outbox`), so that a broker
+    which loses its log (the embedded one keeps it in memory) loses no event; None: no outbox."""
     viewer_url: str = "http://127.0.0.1:8765"
     """Where `awrl view` serves the trajectory viewer: the base of the links that `awrl runs`, `make demo`
     and the Dagster assets' metadata print."""

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 import certifi
+import pyarrow.fs as pafs
 import tenacity
 import urllib3
 from minio import Minio
@@ -236,3 +237,18 @@ class ScreenshotStore:
         unique = list(dict.fromkeys(hashes))
         with ThreadPoolExecutor(max_workers=workers) as pool:
             return dict(zip(unique, pool.map(self.get, unique)))
+
+
+def ledger_filesystem(settings: StackSettings, create: bool = True) -> tuple[pafs.FileSystem, str]:
+    """The filesystem and root path of `settings.ledger_uri` (S3 through the stack's endpoint, or local;
+    a local root is created unless `create` is false: readers must not write)."""
+    uri = settings.ledger_uri
+    if uri.startswith("s3://"):
+        access, secret = settings.s3_credentials()
+        fs = pafs.S3FileSystem(access_key=access, secret_key=secret, endpoint_override=settings.s3_endpoint,
+                               scheme="https" if settings.s3_secure else "http", region="us-east-1")
+        return fs, uri.removeprefix("s3://").rstrip("/")
+    path = os.path.abspath(uri.removeprefix("file://"))
+    if create:
+        os.makedirs(path, exist_ok=True)
+    return pafs.LocalFileSystem(), path

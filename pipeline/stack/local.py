@@ -167,6 +167,7 @@ class LocalStack:
             ledger_uri=f"s3://{self.bucket}/ledger",
             vllm_url=self.vllm_url or None,
             vllm_model=self.vllm_model or "policy",
+            outbox_dir=self.data_dir / "outbox",  # the broker keeps its log in memory: producers keep theirs
             _env_file=None,
         )
 
@@ -182,6 +183,7 @@ class LocalStack:
             f"AWRL_S3_BUCKET={s.s3_bucket}",
             f"AWRL_S3_SECURE={str(s.s3_secure).lower()}",
             f"AWRL_LEDGER_URI={s.ledger_uri}",
+            f"AWRL_OUTBOX_DIR={s.outbox_dir.resolve()}",
         ]
         if s.vllm_url:
             lines += [f"AWRL_VLLM_URL={s.vllm_url}", f"AWRL_VLLM_MODEL={s.vllm_model}"]

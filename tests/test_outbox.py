@@ -1,0 +1,173 @@
+"""The producers' outbox (`pipeline.outbox`): an event acknowledged by the in-memory broker survives
+the broker's death, and an event written to the outbox survives its producer's death.
+
+Against a real Tansu broker of the test's own, SIGKILLed and restarted, and the real ledger writer.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import uuid
+
+import pyarrow.fs as pafs
+import pytest
+from faults import account, ledger_ids
+from samples import sample_group
+
+from pipeline.bus import EventProducer, create_topics
+from pipeline.ledger import LedgerWriter
+from pipeline.outbox import Outbox
+from pipeline.receipts import RECEIPTS, ReceiptReader, ReceiptWriter
+from pipeline.stack.local import LocalStack
+from pipeline.stack.tansu import start_tansu
+
+SHA = "ab" * 32
+
+
+def test_the_outbox_keeps_what_the_ledger_has_not_confirmed(tmp_path):
+    box = Outbox(tmp_path / "o.sqlite")
+    for i in range(4):
+        box.add(f"e{i}", "t", b"k", b"v%d" % i, [("h", b"\x00\x01")])
+    box.add("e0", "t", b"k", b"v0", [])  # the same event twice is one row
+    assert len(box) == 4
+    for i in range(3):
+        box.sent(f"e{i}", "c1")
+    assert box.confirm(["e0", "e1", "elsewhere"]) == 2  # a receipt names them: in Parquet
+    again = box.to_resend("c2", unacked_after_s=0, unconfirmed_after_s=3600)  # c1 lost its log
+    assert [p.event_id for p in again] == ["e2", "e3"] and again[0].headers == [("h", b"\x00\x01")]
+    assert box.to_resend("c1", unacked_after_s=3600, unconfirmed_after_s=3600) == []  # c1 has e2; e3 in flight
+    assert [p.event_id for p in box.to_resend("c1", 3600, unconfirmed_after_s=0)] == ["e2"]  # the last resort
+    assert len(Outbox(tmp_path / "o.sqlite")) == 2  # on disk: another process finds them
+
+
+def test_receipts_name_each_durable_event_once_and_old_ones_are_swept(tmp_path):
+    fs, root = pafs.LocalFileSystem(), str(tmp_path)
+    old = tmp_path / RECEIPTS / "20000101T0000"
+    old.mkdir(parents=True)
+    (old / "x.json").write_text(json.dumps(["ancient"]))
+    writer, reader = ReceiptWriter(fs, root, every_s=3600), ReceiptReader(fs, root)
+    assert reader.new_ids() == ["ancient"]  # the first read takes every kept receipt
+    writer.add(["a", "b"])
+    writer.maybe_write()  # not yet: one receipt per `every_s`
+    assert reader.new_ids() == []
+    writer.add(["c"])
+    writer.maybe_write(force=True)
+    assert sorted(reader.new_ids()) == ["a", "b", "c"] and reader.new_ids() == []
+    assert not old.exists() and writer.written == 1  # older than `keep_s`: swept by the writer
+
+
+class Publisher:
+    """Publishes sample groups until stopped, remembering which events the broker acknowledged."""
+
+    def __init__(self, settings, run_id: str, client_id: str):
+        self.producer = EventProducer(settings, client_id=client_id)
+        self.run_id, self.acked, self.stop = run_id, set(), threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        g = 0
+        while not self.stop.is_set():
+            for e in sample_group(self.run_id, f"g{g}", [SHA], seed=g):
+                self.producer.publish(e).add_callback(lambda _, i=e.event_id: self.acked.add(i))
+            g += 1
+            time.sleep(0.05)
+
+    def finish(self) -> None:
+        self.stop.set()
+        self.thread.join()
+        self.producer.flush(timeout=60)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_three_broker_kills_lose_nothing_with_the_outbox(stack, settings, tmp_path):
+    """Two producers side by side through the same 3 SIGKILLs of the broker: with an outbox, 0 lost;
+    without (the negative control), what the writer had not written when the broker died is gone."""
+    kafka = start_tansu(tmp_path, port=None)
+    own = LocalStack(data_dir=tmp_path, services=[kafka], kafka_bootstrap=f"127.0.0.1:{kafka.port}", s3=stack.s3)
+    settings = settings.model_copy(update={"kafka_bootstrap": own.kafka_bootstrap, "outbox_dir": None,
+                                           "ledger_uri": str(tmp_path / "ledger")})
+    create_topics(settings)
+    with_box = settings.model_copy(update={"outbox_dir": tmp_path / "outbox"})
+    run_box, run_bare = f"box-{uuid.uuid4().hex[:6]}", f"bare-{uuid.uuid4().hex[:6]}"
+    writer_stop = threading.Event()
+    writer = threading.Thread(target=LedgerWriter(settings).sync, kwargs={"follow": True, "stop": writer_stop})
+    writer.start()
+    boxed, bare = Publisher(with_box, run_box, "boxed"), Publisher(settings, run_bare, "bare")
+    try:
+        for _ in range(3):
+            time.sleep(4)
+            own.restart("kafka", crash=True)
+            create_topics(settings)  # a memory broker comes back empty; the app's topics are recreated
+        time.sleep(4)
+        boxed.finish(), bare.finish()
+        deadline = time.monotonic() + 120  # the outbox resends within seconds; the writer then writes
+        while time.monotonic() < deadline and (not boxed.acked <= set(ledger_ids(settings, run_box))
+                                               or len(boxed.producer.outbox) > 0):
+            time.sleep(1)
+        left = len(boxed.producer.outbox)
+    finally:
+        writer_stop.set()
+        writer.join(timeout=60)
+        boxed.producer.close(timeout=10), bare.producer.close(timeout=10)
+        own.down()
+    resent = boxed.producer._reconciler.resent
+    row = account("broker (Tansu, in memory) SIGKILLed 3 times, producers with the outbox", boxed.acked,
+                  settings, run_box, note=f"{resent} events sent again from the outbox; the ledger kept each once")
+    control = account("  the same 3 kills, producer without the outbox (negative control)", bare.acked,
+                      settings, run_bare, note="acknowledged, then lost with the broker's memory")
+    assert row.lost == 0 and row.duplicated == 0 and resent > 0
+    assert left == 0  # the ledger's receipts confirmed every event: the outbox does not grow
+    assert control.lost > 0 and control.duplicated == 0  # the fault was real, and the test can see a loss
+
+
+PRODUCER = textwrap.dedent("""
+    import os, sys
+    from pipeline.bus import EventProducer
+    from pipeline.settings import StackSettings
+    from samples import sample_group
+    settings = StackSettings.model_validate_json(sys.argv[1])
+    producer = EventProducer(settings, client_id="killed")
+    event = next(sample_group(sys.argv[2], "g0", ["ab" * 32]))
+    print(event.event_id, flush=True)
+    producer._kafka.send = lambda *a, **k: os._exit(9)  # dies right after the outbox write, before the send
+    producer.publish(event)
+""")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_producer_killed_between_its_outbox_and_its_send_sends_once_after_restart(settings, tmp_path):
+    settings = settings.model_copy(update={"ledger_uri": str(tmp_path / "ledger"), "outbox_dir": tmp_path / "outbox",
+                                           "topic_prefix": f"t{uuid.uuid4().hex[:8]}"})
+    create_topics(settings)
+    run_id = f"kill-{uuid.uuid4().hex[:6]}"
+    died = subprocess.run([sys.executable, "-c", PRODUCER, settings.model_dump_json(), run_id], capture_output=True,
+                          text=True, cwd=str(__import__("pathlib").Path(__file__).parent), timeout=120)
+    assert died.returncode == 9, died.stderr
+    event_id = died.stdout.split()[0]
+    assert len(Outbox(tmp_path / "outbox" / f"{settings.topic_prefix}.killed.sqlite")) == 1  # on disk, never sent
+    restarted = EventProducer(settings, client_id="killed")  # the same producer, started again
+    restarted._reconciler.unacked_after_s = 0.0
+    writer_stop = threading.Event()
+    writer = threading.Thread(target=LedgerWriter(settings).sync, kwargs={"follow": True, "stop": writer_stop})
+    writer.start()
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and (event_id not in ledger_ids(settings, run_id)
+                                               or len(restarted.outbox) > 0):
+            time.sleep(1)
+    finally:
+        writer_stop.set()
+        writer.join(timeout=60)
+        restarted.close()
+    row = account("producer killed between its outbox write and its send", [event_id], settings, run_id,
+                  note="sent by the restarted producer from its outbox, confirmed, then removed from it")
+    assert row.lost == 0 and row.duplicated == 0
+    assert len(Outbox(tmp_path / "outbox" / f"{settings.topic_prefix}.killed.sqlite")) == 0  # confirmed by the ledger, so forgotten
