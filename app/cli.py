@@ -69,7 +69,9 @@ def main(argv: list[str] | None = None) -> None:
     the libraries' logs on stderr: the Kafka client's group joins and rebalances, for one."""
     try:
         _log_level(os.environ.get("AWRL_LOG_LEVEL"))
-        code = app(args=argv, prog_name="awrl", standalone_mode=False)
+        # The command itself, not `app(...)`: typer marks every escaping exception with an attribute,
+        # and minio's S3Error is frozen, so a store error became "S3Error is frozen" (seen in the soak).
+        code = typer.main.get_command(app)(args=argv, prog_name="awrl", standalone_mode=False)
     except typer.Abort:
         sys.exit(130)
     except typer.TyperException as exc:  # typer's click: a usage error, in one line rather than a box

@@ -274,6 +274,13 @@ class EventConsumer:
     def cluster_id(self) -> str | None:
         return getattr(self._kafka._client.cluster, "cluster_id", None)  # no public accessor
 
+    @property
+    def polled_cluster(self) -> str | None:
+        """The cluster id the records `poll()` returned count in: the one seen at each poll, which
+        drops its records when it finds the broker replaced. (`cluster_id`, the client's metadata
+        now, can already name a new broker while records of the old one are being handled.)"""
+        return self._cluster_id
+
     def poll(self, timeout_ms: int = 1000, max_records: int | None = None) -> list[Delivered]:
         health.beat()
         batches = self._kafka.poll(timeout_ms=timeout_ms, max_records=max_records)

@@ -129,10 +129,12 @@ class Journal:
         return out
 
     def delete(self, entries: Iterable[str]) -> None:
+        """Best effort: an entry left behind names files that exist, which costs a reader only time
+        (the store may be down or full; pyarrow's S3 delete writes a folder marker)."""
         for entry in entries:
             try:
                 self.fs.delete_file(entry)
-            except FileNotFoundError:
+            except OSError:
                 pass
 
     def _read(self, path: str) -> bytes:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import gc
 import io
+import logging
 import time
 import uuid
 from collections import defaultdict
@@ -39,13 +40,15 @@ from pipeline.bus import Delivered, EventConsumer, EventProducer
 from pipeline.compaction import CompactionConfig, CompactionResult, compact_run, manifest_rule
 from pipeline.files import write_atomic
 from pipeline.journal import Journal, RecentIds, s3_put
-from pipeline.receipts import ReceiptWriter
+from pipeline.receipts import ReceiptReader, ReceiptWriter
 from pipeline.settings import StackSettings
 from pipeline.store import STORE_PATIENCE_S, ledger_filesystem, minio_client, patiently
 from pipeline.summaries import with_summaries
 from pipeline.topics import ROLLOUT, TASKS, TRAINER
 from schemas import BY_NAME, Event, arrow_schema
 from schemas.columnar import columnar_table, decode_columnar
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -142,9 +145,15 @@ class LedgerWriter:
         the consumer group's join before it)."""
         self.recent = RecentIds(config.dedup_window)
         self._put = _object_put(settings, self.fs)
-        self.journal = Journal(self.fs, self.root, self._put)
+        patient = None if self._put is None else (lambda path, data: patiently(
+            lambda: self._put(path, data), "writing the ledger's journal", config.store_patience_s, self._waited))
+        self.journal = Journal(self.fs, self.root, patient)
         self.receipts = ReceiptWriter(self.fs, self.root, self._put)
         """What is in Parquet, by event id, for the producers' outboxes (`pipeline.receipts`)."""
+        self._receipts_read = ReceiptReader(self.fs, self.root)
+        self._obsolete: list[str] = []
+        """Journal entries a commit made obsolete, deleted once a receipt names their events: until
+        then they name files whose ids a restarted writer must know (an outbox may send them again)."""
         self._inflight: _Flush | None = None
         self._entries: dict[tuple[str, int], list[str]] = {}
         """Each partition's journal entries this member knows of, oldest first: all but the newest go
@@ -154,6 +163,12 @@ class LedgerWriter:
         """A partition's uncommitted flushes (ours or a dead member's) are in the ledger: skip their ids,
         and every record up to the last complete one (`EventConsumer` drops them)."""
         starts = {}
+        # What any writer wrote lately, from its receipts: an outbox sends again what a broker lost,
+        # some of which a writer (maybe a dead one) had already written.
+        try:
+            self.recent.update(self._receipts_read.new_ids())
+        except OSError as exc:  # the store is down: the journal still covers this writer's partitions
+            log.warning("could not read the ledger's receipts (%s): a resent event may be written twice", exc)
         for source in sorted(partitions):
             position = self.journal.read(*source, cluster)
             self.recent.update(position.ids)
@@ -186,12 +201,16 @@ class LedgerWriter:
             started = time.monotonic()
             while stop is None or not stop.is_set():
                 dead_lettered = self.stats.dead_lettered
+                replacements = consumer.broker_replacements
                 batch = self._collect(consumer)
                 polled = consumer.polled()
+                # The log its offsets count in; none when the broker was found replaced meanwhile (the
+                # batch may mix both logs' offsets, so its journal entries must set no position).
+                cluster = consumer.polled_cluster if consumer.broker_replacements == replacements else None
                 flushed = self._settle(consumer, on_flush)
-                self.receipts.maybe_write()
+                self._receipt()
                 if batch:
-                    self._inflight = _Flush(flusher.submit(self._flush, batch, consumer.cluster_id), polled)
+                    self._inflight = _Flush(flusher.submit(self._flush, batch, cluster), polled)
                     idle_since = None
                 elif self.stats.dead_lettered > dead_lettered:
                     # A run of bad messages is progress, not idleness; the dead-letter topic has
@@ -209,7 +228,7 @@ class LedgerWriter:
             return self.stats
         finally:
             self._wait_for_flush()  # after an error: let a running write finish (nothing is committed)
-            self.receipts.maybe_write(force=True)
+            self._receipt(force=True)
             flusher.shutdown()
             consumer.close()
             producer.close()
@@ -287,13 +306,20 @@ class LedgerWriter:
         self.stats.max_lag_s = max(self.stats.max_lag_s, lag)
         return entries
 
+    def _receipt(self, force: bool = False) -> None:
+        obsolete, self._obsolete = self._obsolete, []
+        if self.receipts.maybe_write(force):
+            self.journal.delete(obsolete)
+        else:
+            self._obsolete[:0] = obsolete
+
     def _journaled(self, entries: dict[tuple[str, int], str], committed: bool) -> None:
         """After a commit, a partition's older journal entries name nothing that can come again; its
         newest stays as the ledger's record of its position."""
         for source, entry in entries.items():
             known = self._entries.setdefault(source, []) + [entry]
             if committed:
-                self.journal.delete(known[:-1])
+                self._obsolete += known[:-1]
                 known = known[-1:]
             self._entries[source] = known
 

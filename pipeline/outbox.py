@@ -96,6 +96,11 @@ class Outbox:
                 "INSERT OR IGNORE INTO pending (event_id, topic, key, value, headers, added) VALUES (?, ?, ?, ?, ?, ?)",
                 (event_id, topic, key, value, encoded, time.time())).rowcount
 
+    def ids(self) -> set[str]:
+        """The ids of the events not yet confirmed."""
+        with self._lock:
+            return {i for (i,) in self._db.execute("SELECT event_id FROM pending")}
+
     def _wait_for_room(self) -> None:
         log.warning("outbox %s holds %d unconfirmed events (its bound): pausing until the ledger confirms "
                     "some (is the ledger writer running?)", self.path, self._size)

@@ -54,15 +54,16 @@ class ReceiptWriter:
         with self._lock:
             self._ids.extend(event_ids)
 
-    def maybe_write(self, force: bool = False) -> None:
-        """Write what was noted, at most every `every_s` (or now, with `force`). A store that refuses
-        costs only time: the ids stay noted for the next try, and an outbox waits or sends again."""
+    def maybe_write(self, force: bool = False) -> bool:
+        """Write what was noted, at most every `every_s` (or now, with `force`); True when everything
+        noted before the call is in a receipt. A store that refuses costs only time: the ids stay
+        noted for the next try, and an outbox waits or sends again."""
         if not force and time.monotonic() - self._written_at < self.every_s:
-            return
+            return False
         with self._lock:
             ids, self._ids = self._ids, []
         if not ids:
-            return
+            return True
         now = datetime.now(UTC)
         path = f"{self.root}/{RECEIPTS}/{now:{MINUTE}}/{now:%Y%m%dT%H%M%S%f}-{self._name}.json"
         try:
@@ -71,12 +72,13 @@ class ReceiptWriter:
             log.warning("could not write a ledger receipt (%d events), will retry: %s", len(ids), exc)
             with self._lock:
                 self._ids[:0] = ids
-            return
+            return False
         self._written_at = time.monotonic()
         self.written += 1
         if time.monotonic() - self._swept_at > 60:
             self._swept_at = time.monotonic()
             self._sweep(now)
+        return True
 
     def _sweep(self, now: datetime) -> None:
         """Delete the minutes older than `keep_s` (any writer may: they are the ledger's, not its)."""

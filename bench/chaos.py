@@ -1,0 +1,309 @@
+"""A chaos soak: the whole system under one random fault at a time, then a reconciliation.
+
+    .venv/bin/python bench/chaos.py --minutes 30 --every 60 [--seed N]
+
+A stack of its own (Tansu, radosgw) and, kept running as compose's `restart: always` would (whatever
+exits is started again): a rollout pool (4 browsers, our sites, the demo policy), 2 ledger writers
+and the trainer (2 ranks). Every `--every` seconds one fault drawn from the fault matrix: the broker
+SIGKILLed (it comes back empty), the object store down for 10 s, the object store full for 10 s,
+the pool, one browser, one ledger writer or the trainer SIGKILLed. The seed is printed first, so a
+failure can be replayed.
+
+Then the pool stops, the trainer gets a minute to train what is left, the writers drain the outboxes,
+and the run is reconciled:
+- every event a producer handed to its outbox (acknowledged or not) is in the ledger: the outboxes
+  are empty, and no trajectory in the ledger misses a step below its last;
+- no event is in the ledger twice;
+- every completed group was trained once, dropped with a reason, or is still open (never twice);
+- every published version has its checkpoint in the store.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from contextlib import suppress
+from dataclasses import dataclass, field
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import psutil
+import typer
+
+from pipeline.bus import EventProducer, create_topics
+from pipeline.checkpoints import CheckpointStore
+from pipeline.ledger import read_events
+from pipeline.outbox import Outbox
+from pipeline.stack.local import LocalStack
+
+FAULTS = ("broker", "store_down", "store_full", "pool", "browser", "writer", "trainer")
+
+
+@dataclass
+class Service:
+    """One long-running command, started again whenever it exits (compose's `restart: always`)."""
+
+    name: str
+    argv: list[str]
+    env: dict[str, str]
+    log: Path
+    proc: subprocess.Popen | None = None
+    starts: int = 0
+
+    def start(self) -> None:
+        with open(self.log, "a") as f:
+            self.proc = subprocess.Popen(self.argv, env=self.env, stdout=f, stderr=subprocess.STDOUT,
+                                         start_new_session=True)  # its own group: SIGKILL takes its children
+        self.starts += 1
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        """Signal the whole process group (torchrun's ranks, the pool's browsers) and reap it."""
+        if self.proc is None:
+            return
+        with suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, sig)
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            with suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+
+@dataclass
+class Reconciliation:
+    seed: int
+    faults: list[tuple[float, str]]
+    events: int = 0
+    duplicated: int = 0
+    left_in_outboxes: int = 0
+    left_but_in_ledger: int = 0
+    """Of those, in the ledger all the same (a receipt that never came), as opposed to not yet written."""
+    trajectories: int = 0
+    missing_steps: int = 0
+    groups: int = 0
+    trained: int = 0
+    trained_twice: int = 0
+    dropped: int = 0
+    dropped_without_reason: int = 0
+    open_groups: int = 0
+    versions: int = 0
+    versions_without_checkpoint: int = 0
+    restarts: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return not (self.duplicated or self.left_in_outboxes or self.missing_steps or self.trained_twice
+                    or self.dropped_without_reason or self.versions_without_checkpoint)
+
+    def lines(self) -> list[str]:
+        drawn = Counter(f for _, f in self.faults)
+        return [
+            f"seed {self.seed}: {len(self.faults)} faults ({', '.join(f'{k} {v}' for k, v in sorted(drawn.items()))})",
+            f"events in the ledger: {self.events}, twice: {self.duplicated}; left unconfirmed in outboxes: "
+            f"{self.left_in_outboxes} ({self.left_but_in_ledger} of them in the ledger)",
+            f"trajectories finished: {self.trajectories}, with a missing step: {self.missing_steps}",
+            f"groups completed: {self.groups}: trained {self.trained} (twice: {self.trained_twice}), dropped "
+            f"{self.dropped} (without a reason: {self.dropped_without_reason}), still open {self.open_groups}",
+            f"versions published: {self.versions}, without a checkpoint: {self.versions_without_checkpoint}",
+            "services started again after dying: " + ", ".join(f"{k} {v}" for k, v in sorted(self.restarts.items())),
+            "reconciled: OK" if self.ok else "reconciled: FAILED",
+        ]
+
+
+class Soak:
+    def __init__(self, workdir: Path, seed: int, run_id: str = "chaos"):
+        self.workdir, self.rng, self.run_id = workdir, random.Random(seed), run_id
+        self.stack = LocalStack.up(workdir / "stack", durable=False)
+        self.settings = self.stack.settings()
+        create_topics(self.settings)
+        env = {**os.environ, **self.settings.environ(), "AWRL_RUN_ID": run_id}
+        awrl = [sys.executable, "-m", "app.cli"]
+        logs = workdir / "logs"
+        logs.mkdir(exist_ok=True)
+        self.pool = Service("pool", [*awrl, "rollout", "--suite", "sites", "--policy", "demo", "--noise", "0.3",
+                                     "--workers", "4", "--group-size", "2", "--forever", "--run-id", run_id, "--eta", "4",
+                                     "--groups-per-update", "2", "--difficulty", "easy",
+                                     "--journal", str(workdir / "journal")], env, logs / "pool.log")
+        self.writers = [Service(f"writer{i}", [*awrl, "ledger", "sync", "--follow"], env, logs / f"writer{i}.log")
+                        for i in range(2)]
+        self.trainer = Service("trainer", [*awrl, "train", "--run-id", run_id, "--nproc", "2", "--groups-per-update",
+                                           "2", "--minibatches", "1", "--ppo-epochs", "1", "--eta", "4"],
+                               env, logs / "trainer.log")
+        self.services = [*self.writers, self.trainer, self.pool]
+        self.faults: list[tuple[float, str]] = []
+
+    def supervise(self) -> None:
+        for s in self.services:
+            if not s.alive():
+                s.start()
+
+    def inject(self, fault: str) -> None:
+        if fault == "broker":
+            self.stack.restart("kafka", crash=True)
+        elif fault == "store_down":
+            self.stack.restart("s3", downtime_s=10)
+        elif fault == "store_full":
+            self._quota("set", "--max-size=1")
+            self._quota("enable")
+            time.sleep(10)
+            self._quota("disable")
+        elif fault == "browser":
+            browsers = _browsers(self.pool)
+            if browsers:
+                self.rng.choice(browsers).kill()
+        else:
+            {"pool": self.pool, "trainer": self.trainer, "writer": self.rng.choice(self.writers)}[fault].kill()
+
+    def _quota(self, *args: str) -> None:
+        conf = self.stack.data_dir / "ceph" / "ceph.conf"
+        subprocess.run(["radosgw-admin", "-c", str(conf), "quota", *args, "--quota-scope=bucket",
+                        f"--bucket={self.settings.s3_bucket}"], check=True, capture_output=True, timeout=60)
+
+    def run(self, minutes: float, every_s: float, on_fault=print) -> None:
+        self.supervise()
+        started = time.monotonic()
+        next_fault = started + every_s
+        while time.monotonic() - started < minutes * 60:
+            time.sleep(1)
+            self.supervise()
+            if time.monotonic() >= next_fault:
+                fault = self.rng.choice(FAULTS)
+                self.faults.append((time.monotonic() - started, fault))
+                on_fault(f"{time.monotonic() - started:6.0f} s  {fault}")
+                self.inject(fault)
+                next_fault += every_s  # on the clock: a fault that takes long does not delay the next
+
+    def drain(self, train_s: float = 60.0, outbox_s: float = 180.0) -> None:
+        """Stop the pool, give the trainer `train_s`, stop it; then, as producers that start again
+        would, confirm and resend what their outboxes hold until the writers have it all."""
+        self.pool.kill(signal.SIGINT)
+        deadline = time.monotonic() + train_s
+        while time.monotonic() < deadline:
+            for s in (*self.writers, self.trainer):
+                if not s.alive():
+                    s.start()
+            time.sleep(1)
+        self.trainer.kill(signal.SIGTERM)
+        prefix = f"{self.settings.topic_prefix}."
+        producers = [EventProducer(self.settings, client_id=p.stem.removeprefix(prefix))
+                     for p in self._outboxes()]
+        for p in producers:
+            p._reconciler.unacked_after_s = 0.0  # nothing of theirs is in flight any more
+        try:
+            deadline = time.monotonic() + outbox_s
+            while self._left() and time.monotonic() < deadline:
+                for w in self.writers:
+                    if not w.alive():
+                        w.start()
+                time.sleep(2)
+        finally:
+            for p in producers:
+                p.close(timeout=10)
+        for w in self.writers:
+            w.kill(signal.SIGTERM)
+
+    def _outboxes(self) -> list[Path]:
+        return sorted((self.settings.outbox_dir or Path("/nonexistent")).glob("*.sqlite"))
+
+    def _left(self) -> int:
+        return len(self._left_ids())
+
+    def _left_ids(self) -> set[str]:
+        left = set()
+        for path in self._outboxes():
+            box = Outbox(path)
+            left |= box.ids()
+            box.close()
+        return left
+
+    def reconcile(self, seed: int) -> Reconciliation:
+        r = Reconciliation(seed, self.faults, restarts={s.name: s.starts - 1 for s in self.services})
+        left = self._left_ids()
+        r.left_in_outboxes = len(left)
+        ids = Counter()
+        tables = {}
+        for event_type in ("StepRecorded", "EpisodeFinished", "GroupCompleted", "GroupDropped", "UpdateApplied",
+                           "PolicyVersionPublished", "EpisodeStarted", "TaskGroupDispatched", "PolicyVersionLoaded"):
+            t = read_events(self.settings, self.run_id, event_type).to_pylist()
+            tables[event_type] = t
+            ids.update(e["event_id"] for e in t)
+        r.events, r.duplicated = sum(ids.values()), sum(n - 1 for n in ids.values() if n > 1)
+        r.left_but_in_ledger = len(left & set(ids))
+        steps: dict[str, set[int]] = {}
+        for s in tables["StepRecorded"]:
+            steps.setdefault(s["trajectory_id"], set()).add(s["step"])
+        finished = tables["EpisodeFinished"]
+        r.trajectories = len(finished)
+        r.missing_steps = sum(1 for f in finished if steps.get(f["trajectory_id"], set()) != set(range(f["num_steps"])))
+        completed = {g["group_id"] for g in tables["GroupCompleted"]}
+        trained = Counter(g for u in tables["UpdateApplied"] for g in u["group_ids"])
+        dropped = {d["group_id"]: d.get("reason") for d in tables["GroupDropped"]}
+        r.groups, r.trained = len(completed), len(completed & set(trained))
+        r.trained_twice = sum(1 for n in trained.values() if n > 1)
+        r.dropped = len(completed & set(dropped))
+        r.dropped_without_reason = sum(1 for reason in dropped.values() if not reason)
+        r.open_groups = len(completed - set(trained) - set(dropped))
+        store = CheckpointStore.from_settings(self.settings)
+        versions = {v["version"] for v in tables["PolicyVersionPublished"] if v["version"] > 0}
+        r.versions = len(versions)
+        r.versions_without_checkpoint = sum(1 for v in versions if not store.exists(self.run_id, v))
+        return r
+
+    def down(self) -> None:
+        try:
+            for s in self.services:
+                s.kill()
+        finally:
+            self.stack.down()
+
+
+def _browsers(service: Service) -> list[psutil.Process]:
+    """The pool's live Chromium browsers (their main processes, not renderers or zombies)."""
+    out = []
+    try:
+        children = psutil.Process(service.proc.pid).children(recursive=True)
+    except (psutil.Error, AttributeError):
+        return []
+    for p in children:
+        try:
+            if "chromium" in p.name() and p.status() != psutil.STATUS_ZOMBIE and \
+                    not any(a.startswith("--type=") for a in p.cmdline()):
+                out.append(p)
+        except psutil.Error:  # gone meanwhile
+            continue
+    return out
+
+
+def soak(workdir: Path, minutes: float, every_s: float, seed: int | None = None, on_fault=print) -> Reconciliation:
+    seed = random.SystemRandom().randrange(2**31) if seed is None else seed
+    on_fault(f"chaos soak: seed {seed} ({minutes:g} min, a fault every {every_s:g} s; replay with --seed {seed})")
+    s = Soak(workdir, seed)
+    try:
+        s.run(minutes, every_s, on_fault)
+        s.drain()
+        return s.reconcile(seed)
+    finally:
+        s.down()
+
+
+def main(minutes: float = 30.0, every: float = 60.0, seed: int = typer.Option(None),
+         workdir: Path = typer.Option(Path(".awrl/chaos"))) -> None:
+    workdir.mkdir(parents=True, exist_ok=True)
+    r = soak(workdir.resolve(), minutes, every, seed)
+    for line in r.lines():
+        print(line)
+    raise typer.Exit(0 if r.ok else 1)
+
+
+if __name__ == "__main__":
+    typer.run(main)
