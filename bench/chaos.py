@@ -1,6 +1,7 @@
 """A chaos soak: the whole system under one random fault at a time, then a reconciliation.
 
     .venv/bin/python bench/chaos.py --minutes 30 --every 60 [--seed N]
+    .venv/bin/python bench/chaos.py --matrix --minutes 2 --every 45     # the loaded fault matrix
 
 A stack of its own (Tansu, radosgw) and, kept running as compose's `restart: always` would (whatever
 exits is started again): a rollout pool (4 browsers, our sites, the demo policy), 2 ledger writers
@@ -96,6 +97,10 @@ class Reconciliation:
     dropped: int = 0
     dropped_without_reason: int = 0
     open_groups: int = 0
+    updates: int = 0
+    """Updates in a published version's lineage."""
+    updates_lost: int = 0
+    """Updates no published version names: lost with a killed trainer, or after its last version."""
     versions: int = 0
     versions_without_checkpoint: int = 0
     restarts: dict[str, int] = field(default_factory=dict)
@@ -114,6 +119,8 @@ class Reconciliation:
             f"trajectories finished: {self.trajectories}, with a missing step: {self.missing_steps}",
             f"groups completed: {self.groups}: trained {self.trained} (twice: {self.trained_twice}), dropped "
             f"{self.dropped} (without a reason: {self.dropped_without_reason}), still open {self.open_groups}",
+            f"updates in a published version: {self.updates}; not (lost with a killed trainer, or after its "
+            f"last version): {self.updates_lost}",
             f"versions published: {self.versions}, without a checkpoint: {self.versions_without_checkpoint}",
             "services started again after dying: " + ", ".join(f"{k} {v}" for k, v in sorted(self.restarts.items())),
             "reconciled: OK" if self.ok else "reconciled: FAILED",
@@ -169,15 +176,16 @@ class Soak:
         subprocess.run(["radosgw-admin", "-c", str(conf), "quota", *args, "--quota-scope=bucket",
                         f"--bucket={self.settings.s3_bucket}"], check=True, capture_output=True, timeout=60)
 
-    def run(self, minutes: float, every_s: float, on_fault=print) -> None:
+    def run(self, minutes: float, every_s: float, on_fault=print, only: str | None = None) -> None:
+        """`only`: that one fault, once, `every_s` in (a row of the loaded matrix), not random ones."""
         self.supervise()
         started = time.monotonic()
         next_fault = started + every_s
         while time.monotonic() - started < minutes * 60:
             time.sleep(1)
             self.supervise()
-            if time.monotonic() >= next_fault:
-                fault = self.rng.choice(FAULTS)
+            if time.monotonic() >= next_fault and not (only and self.faults):
+                fault = only or self.rng.choice(FAULTS)
                 self.faults.append((time.monotonic() - started, fault))
                 on_fault(f"{time.monotonic() - started:6.0f} s  {fault}")
                 self.inject(fault)
@@ -246,7 +254,12 @@ class Soak:
         r.trajectories = len(finished)
         r.missing_steps = sum(1 for f in finished if steps.get(f["trajectory_id"], set()) != set(range(f["num_steps"])))
         completed = {g["group_id"] for g in tables["GroupCompleted"]}
-        trained = Counter(g for u in tables["UpdateApplied"] for g in u["group_ids"])
+        # Trained = in an update that a published version's lineage names. An update whose version a
+        # killed trainer never published was lost with it; its groups were consumed again.
+        lineage = {u for v in tables["PolicyVersionPublished"] for u in v["update_ids"]}
+        kept = [u for u in tables["UpdateApplied"] if u["event_id"] in lineage]
+        r.updates, r.updates_lost = len(kept), len(tables["UpdateApplied"]) - len(kept)
+        trained = Counter(g for u in kept for g in u["group_ids"])
         dropped = {d["group_id"]: d.get("reason") for d in tables["GroupDropped"]}
         r.groups, r.trained = len(completed), len(completed & set(trained))
         r.trained_twice = sum(1 for n in trained.values() if n > 1)
@@ -284,22 +297,50 @@ def _browsers(service: Service) -> list[psutil.Process]:
     return out
 
 
-def soak(workdir: Path, minutes: float, every_s: float, seed: int | None = None, on_fault=print) -> Reconciliation:
+def soak(workdir: Path, minutes: float, every_s: float, seed: int | None = None, on_fault=print,
+         only: str | None = None) -> Reconciliation:
     seed = random.SystemRandom().randrange(2**31) if seed is None else seed
-    on_fault(f"chaos soak: seed {seed} ({minutes:g} min, a fault every {every_s:g} s; replay with --seed {seed})")
+    what = f"only {only}, once" if only else f"a fault every {every_s:g} s"
+    on_fault(f"chaos soak: seed {seed} ({minutes:g} min, {what}; replay with --seed {seed})")
     s = Soak(workdir, seed)
     try:
-        s.run(minutes, every_s, on_fault)
+        s.run(minutes, every_s, on_fault, only)
         s.drain()
         return s.reconcile(seed)
     finally:
         s.down()
 
 
-def main(minutes: float = 30.0, every: float = 60.0, seed: int = typer.Option(None),
+MATRIX_HEAD = ("| fault (under load) | events in the ledger | twice | unconfirmed in outboxes | trajectories with a "
+               "missing step | groups: trained / dropped / open | versions (without checkpoint) | restarted |\n"
+               "|---|---|---|---|---|---|---|---|")
+
+
+def matrix_row(fault: str, r: Reconciliation) -> str:
+    restarted = ", ".join(f"{k} {v}" for k, v in sorted(r.restarts.items()) if v) or "-"
+    return (f"| {fault} | {r.events} | {r.duplicated} | {r.left_in_outboxes} | {r.missing_steps} | "
+            f"{r.trained} / {r.dropped} / {r.open_groups} | {r.versions} ({r.versions_without_checkpoint}) | "
+            f"{restarted} |")
+
+
+def main(minutes: float = typer.Option(30.0, help="Length of the soak."),
+         every: float = typer.Option(60.0, help="Seconds between faults."),
+         seed: int = typer.Option(None, help="Replay a soak (printed first by every run)."),
+         matrix: bool = typer.Option(False, help="The loaded fault matrix instead: each fault alone, once, "
+                                                 "`--every` s into a `--minutes` run of the whole system."),
          workdir: Path = typer.Option(Path(".awrl/chaos"))) -> None:
-    workdir.mkdir(parents=True, exist_ok=True)
-    r = soak(workdir.resolve(), minutes, every, seed)
+    workdir = workdir.resolve() / time.strftime("%Y%m%dT%H%M%S")
+    workdir.mkdir(parents=True)
+    if matrix:
+        rows, ok = [MATRIX_HEAD], True
+        for fault in FAULTS:
+            r = soak(workdir / fault, minutes, every, seed, only=fault)
+            rows.append(matrix_row(fault, r))
+            ok &= r.ok
+            print(rows[-1], flush=True)
+        print("\n".join(rows))
+        raise typer.Exit(0 if ok else 1)
+    r = soak(workdir, minutes, every, seed)
     for line in r.lines():
         print(line)
     raise typer.Exit(0 if r.ok else 1)

@@ -172,6 +172,8 @@ class LedgerWriter:
         for source in sorted(partitions):
             position = self.journal.read(*source, cluster)
             self.recent.update(position.ids)
+            # Written, but maybe never in a receipt (a writer killed between the two): say so again.
+            self.receipts.add(sorted(position.ids))
             self._entries[source] = position.entries
             if position.start is not None:
                 starts[source] = position.start
