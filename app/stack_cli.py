@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import signal
+import threading
+
 from pathlib import Path
 
 import typer
@@ -97,8 +100,10 @@ def ledger_sync(
 
     settings = StackSettings().with_ledger(ledger_uri)
     writer = LedgerWriter(settings)
+    stop = threading.Event()  # SIGTERM (compose's stop) ends it cleanly: its flush settled, its receipts out
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
     with console.status(f"writing {settings.ledger_uri} ...") as status:
-        stats = writer.sync(follow=follow, on_flush=lambda s: status.update(
+        stats = writer.sync(follow=follow, stop=stop, on_flush=lambda s: status.update(
             f"{s.written:,} events in {s.files:,} files, {s.duplicates:,} duplicates skipped, "
             f"max lag {s.max_lag_s:.2f}s"))
     console.print(f"{stats.written:,} events written in {stats.files:,} files ({stats.bytes / 1e6:.1f} MB), "

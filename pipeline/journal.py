@@ -27,7 +27,7 @@ import threading
 import uuid
 from collections import deque
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pyarrow.fs as pafs
@@ -112,6 +112,8 @@ class Journal:
                     if self.local:  # what the crash left of it: a temporary beside it
                         for tmp in Path(path).parent.glob(f"{Path(path).name}.*{TMP_SUFFIX}"):
                             tmp.unlink(missing_ok=True)
+            if complete:
+                position.superseded = position.entries[:position.entries.index(entry)]
             if complete and record["cluster"] == cluster and cluster is not None:
                 position.start = max(position.start or 0, record["last_offset"] + 1)
         return position
@@ -152,6 +154,9 @@ class Position:
     """The journal entries read (oldest first)."""
     start: int | None
     """Every record below this offset is in the ledger (None: no complete entry of this cluster)."""
+    superseded: list[str] = field(default_factory=list)
+    """The entries older than the newest complete one: once their events are in a receipt, they are
+    needed no more (a writer killed before its receipt leaves a few)."""
 
 
 def s3_put(client, path: str, data: bytes) -> None:

@@ -174,7 +174,8 @@ class LedgerWriter:
             self.recent.update(position.ids)
             # Written, but maybe never in a receipt (a writer killed between the two): say so again.
             self.receipts.add(sorted(position.ids))
-            self._entries[source] = position.entries
+            self._obsolete += position.superseded  # deleted once that receipt is written
+            self._entries[source] = [e for e in position.entries if e not in position.superseded]
             if position.start is not None:
                 starts[source] = position.start
         return starts
