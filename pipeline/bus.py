@@ -27,6 +27,7 @@ from kafka.structs import OffsetAndMetadata, TopicPartition
 from pydantic import ValidationError
 
 from pipeline import health
+from pipeline.hashing import sha256_hex
 from pipeline.outbox import Outbox, Pending, Reconciler
 from pipeline.receipts import ReceiptReader
 from pipeline.settings import StackSettings
@@ -246,6 +247,7 @@ class EventConsumer:
         self._topics = {topic_name(settings, t): t for t in topics}
         self._dead_letters = producer
         self.dead_lettered = 0
+        self._rejected: list[Rejected] = []
         self._cluster_id: str | None = None
         self.broker_replacements = 0
         self.failed_commits = 0
@@ -323,7 +325,16 @@ class EventConsumer:
         self.broker_replacements += replaced
         return replaced
 
+    def take_rejected(self) -> list[Rejected]:
+        """The messages dead-lettered since the last call (the ledger keeps them durably)."""
+        out, self._rejected = self._rejected, []
+        return out
+
     def _dead_letter(self, record, reason: str):
+        # One id per message of one log: sent again after a crash, it is the same dead letter.
+        dlq_id = sha256_hex(f"{self._cluster_id}/{record.topic}/{record.partition}/{record.offset}".encode())[:32]
+        self._rejected.append(Rejected(dlq_id, reason, record.topic, record.partition, record.offset,
+                                       record.key, record.value or b""))
         headers: Headers = [
             ("reason", reason[:2000].encode()),
             ("source_topic", record.topic.encode()),
@@ -331,7 +342,7 @@ class EventConsumer:
             ("source_offset", str(record.offset).encode()),
             *[(f"source_{k}", v) for k, v in (record.headers or [])],
         ]
-        return self._dead_letters.send_raw(DEAD_LETTER, record.value or b"", record.key, headers)
+        return self._dead_letters.send_raw(DEAD_LETTER, record.value or b"", record.key, headers, dlq_id)
 
     def polled(self) -> dict[tuple[str, int], int]:
         """What `commit()` would commit now: per partition, the offset after the last record `poll()`
@@ -425,6 +436,19 @@ def read_records(settings: StackSettings, topic: Topic, timeout_s: float = 30.0)
         return records
     finally:
         kafka.close()
+
+
+@dataclass(frozen=True)
+class Rejected:
+    """A message dead-lettered by a consumer, as the ledger keeps it (`_dead_letters/`)."""
+
+    dead_letter_id: str
+    reason: str
+    source_topic: str
+    source_partition: int
+    source_offset: int
+    key: bytes | None
+    value: bytes
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,7 @@ import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from pipeline.bus import Delivered, EventConsumer, EventProducer
+from pipeline.bus import Delivered, EventConsumer, EventProducer, Rejected
 from pipeline.compaction import CompactionConfig, CompactionResult, compact_run, manifest_rule
 from pipeline.files import write_atomic
 from pipeline.journal import Journal, RecentIds, s3_put
@@ -92,9 +92,43 @@ def list_parquet(fs: pafs.FileSystem, root: str) -> list[str]:
         infos = fs.get_file_info(pafs.FileSelector(root, recursive=True, allow_not_found=True))
     except FileNotFoundError:
         return []
-    paths = {i.path for i in infos if i.type == pafs.FileType.File}
+    # Folders named `_...` are the ledger's own (journal, receipts, dead letters), not events (Hive's rule)
+    paths = {i.path for i in infos if i.type == pafs.FileType.File and "/_" not in i.path[len(root):]}
     hidden, invisible = manifest_rule(fs, paths)
     return sorted(p for p in paths if p.endswith(".parquet") and p not in hidden and p not in invisible)
+
+
+DEAD_LETTERS = "_dead_letters"
+
+
+def dead_letter_table(rejected: list[Rejected]) -> pa.Table:
+    """The ledger's copy of dead-lettered messages, one row each (`read_dead_letters` reads them)."""
+    now = datetime.now(UTC)
+    return pa.table({
+        "dead_letter_id": pa.array([r.dead_letter_id for r in rejected], pa.string()),
+        "reason": pa.array([r.reason for r in rejected], pa.string()),
+        "source_topic": pa.array([r.source_topic for r in rejected], pa.string()),
+        "source_partition": pa.array([r.source_partition for r in rejected], pa.int32()),
+        "source_offset": pa.array([r.source_offset for r in rejected], pa.int64()),
+        "key": pa.array([r.key for r in rejected], pa.binary()),
+        "value": pa.array([r.value for r in rejected], pa.binary()),
+        "dead_lettered_at": pa.array([now] * len(rejected), pa.timestamp("us", tz="UTC")),
+    })
+
+
+def read_dead_letters(settings: StackSettings) -> pa.Table:
+    """Every dead letter the ledger holds, once each (a crash before a commit dead-letters a message
+    again: same id)."""
+    fs, root = ledger_filesystem(settings, create=False)
+    infos = fs.get_file_info(pafs.FileSelector(f"{root}/{DEAD_LETTERS}", allow_not_found=True))
+    files = sorted(i.path for i in infos if i.type == pafs.FileType.File and i.path.endswith(".parquet"))
+    if not files:
+        return dead_letter_table([])
+    table = ds.dataset(files, filesystem=fs, format="parquet").to_table()
+    first = {}
+    for i, dead_letter_id in enumerate(table.column("dead_letter_id").to_pylist()):
+        first.setdefault(dead_letter_id, i)
+    return table.take(sorted(first.values()))
 
 
 def read_events(settings: StackSettings, run_id: str, event_type: str, columns: list[str] | None = None) -> pa.Table:
@@ -203,22 +237,17 @@ class LedgerWriter:
             idle_since = None  # counted from when the group gave us every partition
             started = time.monotonic()
             while stop is None or not stop.is_set():
-                dead_lettered = self.stats.dead_lettered
                 replacements = consumer.broker_replacements
                 batch = self._collect(consumer)
+                rejected = consumer.take_rejected()
                 polled = consumer.polled()
                 # The log its offsets count in; none when the broker was found replaced meanwhile (the
                 # batch may mix both logs' offsets, so its journal entries must set no position).
                 cluster = consumer.polled_cluster if consumer.broker_replacements == replacements else None
                 flushed = self._settle(consumer, on_flush)
                 self._receipt()
-                if batch:
-                    self._inflight = _Flush(flusher.submit(self._flush, batch, cluster), polled)
-                    idle_since = None
-                elif self.stats.dead_lettered > dead_lettered:
-                    # A run of bad messages is progress, not idleness; the dead-letter topic has
-                    # acknowledged them, so commit, or a restart would dead-letter them again.
-                    self._commit(consumer, polled)
+                if batch or rejected:  # a run of bad messages is progress too: kept, then committed
+                    self._inflight = _Flush(flusher.submit(self._flush, batch, cluster, rejected), polled)
                     idle_since = None
                 elif flushed:
                     idle_since = None
@@ -279,9 +308,15 @@ class LedgerWriter:
         self.stats.dead_lettered += consumer.dead_lettered - dead_lettered
         return batch
 
-    def _flush(self, batch: list[Delivered], cluster: str | None = None) -> dict[tuple[str, int], str]:
-        """Write the batch's new events, after journaling which files will hold each partition's;
-        returns the journal entries (to delete once the offsets are committed)."""
+    def _flush(self, batch: list[Delivered], cluster: str | None = None, rejected: list[Rejected] = ()
+               ) -> dict[tuple[str, int], str]:
+        """Write the batch's new events, after journaling which files will hold each partition's, and
+        the messages dead-lettered meanwhile; returns the journal entries (to delete once the
+        offsets are committed)."""
+        if rejected:  # the dead-letter topic is in memory too on the local stack: the ledger keeps them
+            self._write_file(f"{self.root}/{DEAD_LETTERS}/part-{datetime.now(UTC):%Y%m%dT%H%M%S%f}-"
+                             f"{uuid.uuid4().hex[:8]}.parquet", dead_letter_table(rejected), "writing dead letters")
+            self.receipts.add([r.dead_letter_id for r in rejected])
         groups: dict[tuple[str, str], list[Event]] = defaultdict(list)
         files: dict[tuple[str, str], str] = {}
         by_partition: dict[tuple[str, int], set[str]] = defaultdict(set)
@@ -332,15 +367,16 @@ class LedgerWriter:
 
     def _write(self, run_id: str, event_type: str, events: list[Event], path: str | None = None) -> None:
         table = with_summaries(event_type, columnar_table(events, BY_NAME[event_type]))
+        self._write_file(path or self._path(run_id, event_type), table, "writing a ledger file")
+        self.stats.written += len(events)
+        self.stats.files += 1
+
+    def _write_file(self, path: str, table: pa.Table, what: str) -> None:
         buf = io.BytesIO()
         pq.write_table(table, buf, compression=self.config.compression, row_group_size=self.config.row_group_size)
         data = buf.getvalue()
-        path = path or self._path(run_id, event_type)
         if self._put is None:
             write_atomic(path, data)
         else:
-            patiently(lambda: self._put(path, data), "writing a ledger file", self.config.store_patience_s,
-                      self._waited)
-        self.stats.written += len(events)
-        self.stats.files += 1
+            patiently(lambda: self._put(path, data), what, self.config.store_patience_s, self._waited)
         self.stats.bytes += len(data)

@@ -18,7 +18,7 @@ from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
 from pipeline.bus import EventProducer, _rejection, read_records, topic_name
-from pipeline.ledger import LedgerConfig, LedgerWriter
+from pipeline.ledger import LedgerConfig, LedgerWriter, read_dead_letters
 from pipeline.topics import DEAD_LETTER, ROLLOUT, TASKS, TRAINER, Topic, topic_of
 from schemas import (
     EvaluationCompleted,
@@ -280,6 +280,19 @@ def test_10k_malformed_messages_all_dead_lettered_once_and_valid_ones_still_writ
     assert len(origins) == len(set(origins)) == TOTAL  # none duplicated
     assert set(origins) == set(sent)  # none lost
     assert {t for t, _, _ in origins} == {topic_name(settings, t) for t in TOPICS}
+    # The ledger keeps them too (the local broker's dead-letter topic is in memory): the same messages
+    kept = read_dead_letters(settings).to_pylist()
+    assert {(k["source_topic"], k["source_partition"], k["source_offset"]) for k in kept} == set(sent)
+    assert all(k["value"] == (sent[(k["source_topic"], k["source_partition"], k["source_offset"])].value or b"")
+               and k["reason"] for k in kept)
+    # The writer's dead-letter producer kept each in its outbox until the ledger's receipts named it
+    dlq = EventProducer(settings, client_id="ledger-dlq")
+    try:
+        assert dlq.outbox is not None and len(dlq.outbox) <= TOTAL
+        dlq._reconciler.step()
+        assert len(dlq.outbox) == 0
+    finally:
+        dlq.close()
 
 
 STEP = next(i for i, d in enumerate(DICTS) if d["event_type"] == "StepRecorded")
