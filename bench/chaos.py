@@ -35,15 +35,21 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import psutil
+import tenacity
 import typer
 
 from pipeline.bus import EventProducer, create_topics
 from pipeline.checkpoints import CheckpointStore
 from pipeline.ledger import read_events
 from pipeline.outbox import Outbox
+from pipeline.stack.ceph import s3_healthy
 from pipeline.stack.local import LocalStack
 
 FAULTS = ("broker", "store_down", "store_full", "pool", "browser", "writer", "trainer")
+
+
+def _say(line: str) -> None:
+    print(line, flush=True)  # as it happens, also into a file
 
 
 @dataclass
@@ -155,6 +161,20 @@ class Soak:
                 s.start()
 
     def inject(self, fault: str) -> None:
+        """Inject `fault`; a recovery the loaded machine makes slow (a topic creation or radosgw's
+        start timing out) is retried, as an operator would, rather than ending the soak."""
+        try:
+            self._inject(fault)
+        except Exception as exc:  # noqa: BLE001 - the stack's own recovery, not the system under test
+            print(f"         {fault}: recovery slow ({type(exc).__name__}: {exc}); retrying", flush=True)
+            for attempt in tenacity.Retrying(wait=tenacity.wait_fixed(5), stop=tenacity.stop_after_delay(300),
+                                             reraise=True):
+                with attempt:
+                    if fault == "store_down" and not s3_healthy(self.stack.s3):
+                        self.stack.restart("s3")
+                    create_topics(self.settings)
+
+    def _inject(self, fault: str) -> None:
         if fault == "broker":
             self.stack.restart("kafka", crash=True)
         elif fault == "store_down":
@@ -176,7 +196,7 @@ class Soak:
         subprocess.run(["radosgw-admin", "-c", str(conf), "quota", *args, "--quota-scope=bucket",
                         f"--bucket={self.settings.s3_bucket}"], check=True, capture_output=True, timeout=60)
 
-    def run(self, minutes: float, every_s: float, on_fault=print, only: str | None = None) -> None:
+    def run(self, minutes: float, every_s: float, on_fault=_say, only: str | None = None) -> None:
         """`only`: that one fault, once, `every_s` in (a row of the loaded matrix), not random ones."""
         self.supervise()
         started = time.monotonic()
@@ -297,7 +317,7 @@ def _browsers(service: Service) -> list[psutil.Process]:
     return out
 
 
-def soak(workdir: Path, minutes: float, every_s: float, seed: int | None = None, on_fault=print,
+def soak(workdir: Path, minutes: float, every_s: float, seed: int | None = None, on_fault=_say,
          only: str | None = None) -> Reconciliation:
     seed = random.SystemRandom().randrange(2**31) if seed is None else seed
     what = f"only {only}, once" if only else f"a fault every {every_s:g} s"
