@@ -92,10 +92,15 @@ def list_parquet(fs: pafs.FileSystem, root: str) -> list[str]:
         infos = fs.get_file_info(pafs.FileSelector(root, recursive=True, allow_not_found=True))
     except FileNotFoundError:
         return []
-    # Folders named `_...` are the ledger's own (journal, receipts, dead letters), not events (Hive's rule)
-    paths = {i.path for i in infos if i.type == pafs.FileType.File and "/_" not in i.path[len(root):]}
-    hidden, invisible = manifest_rule(fs, paths)
-    return sorted(p for p in paths if p.endswith(".parquet") and p not in hidden and p not in invisible)
+    paths = {i.path for i in infos if i.type == pafs.FileType.File}
+    hidden, invisible = manifest_rule(fs, paths)  # compaction's `_compaction-*.json` manifests among them
+    return sorted(p for p in paths if p.endswith(".parquet") and p not in hidden and p not in invisible
+                  and not _own_folder(root, p))
+
+
+def _own_folder(root: str, path: str) -> bool:
+    """Under a top folder named `_...`: the ledger's own (journal, receipts, dead letters), not events."""
+    return path[len(root):].lstrip("/").startswith("_")
 
 
 DEAD_LETTERS = "_dead_letters"
