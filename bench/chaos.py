@@ -93,6 +93,9 @@ class Reconciliation:
     events: int = 0
     duplicated: int = 0
     left_in_outboxes: int = 0
+    resent_at_drain: int = 0
+    """Events the restarted producers sent again at the end (never acknowledged, another broker's, or,
+    after half the drain, unconfirmed for 30 s: the outbox's last resort, here not after 10 min)."""
     left_but_in_ledger: int = 0
     """Of those, in the ledger all the same (a receipt that never came), as opposed to not yet written."""
     trajectories: int = 0
@@ -121,7 +124,8 @@ class Reconciliation:
         return [
             f"seed {self.seed}: {len(self.faults)} faults ({', '.join(f'{k} {v}' for k, v in sorted(drawn.items()))})",
             f"events in the ledger: {self.events}, twice: {self.duplicated}; left unconfirmed in outboxes: "
-            f"{self.left_in_outboxes} ({self.left_but_in_ledger} of them in the ledger)",
+            f"{self.left_in_outboxes} ({self.left_but_in_ledger} of them in the ledger); sent again at the end: "
+            f"{self.resent_at_drain}",
             f"trajectories finished: {self.trajectories}, with a missing step: {self.missing_steps}",
             f"groups completed: {self.groups}: trained {self.trained} (twice: {self.trained_twice}), dropped "
             f"{self.dropped} (without a reason: {self.dropped_without_reason}), still open {self.open_groups}",
@@ -154,6 +158,7 @@ class Soak:
                                env, logs / "trainer.log")
         self.services = [*self.writers, self.trainer, self.pool]
         self.faults: list[tuple[float, str]] = []
+        self.last_resort = 0
 
     def supervise(self) -> None:
         for s in self.services:
@@ -230,6 +235,9 @@ class Soak:
         try:
             deadline = time.monotonic() + outbox_s
             while self._left() and time.monotonic() < deadline:
+                if time.monotonic() > deadline - outbox_s / 2:  # the soak's time, compressed: the last
+                    for p in producers:                      # resort (10 min unconfirmed) comes now
+                        p._reconciler.unconfirmed_after_s = 30.0
                 for w in self.writers:
                     if not w.alive():
                         w.start()
@@ -237,6 +245,7 @@ class Soak:
         finally:
             for p in producers:
                 p.close(timeout=10)
+            self.last_resort = sum(p._reconciler.resent for p in producers)
         for w in self.writers:
             w.kill(signal.SIGTERM)
 
@@ -255,7 +264,8 @@ class Soak:
         return left
 
     def reconcile(self, seed: int) -> Reconciliation:
-        r = Reconciliation(seed, self.faults, restarts={s.name: s.starts - 1 for s in self.services})
+        r = Reconciliation(seed, self.faults, restarts={s.name: s.starts - 1 for s in self.services},
+                           resent_at_drain=self.last_resort)
         left = self._left_ids()
         r.left_in_outboxes = len(left)
         ids = Counter()
