@@ -1,5 +1,7 @@
-"""The short chaos soak (`bench/chaos.py`): 3 minutes of the whole system, a random fault every 20 s,
-then the reconciliation. The seed is printed (and `AWRL_CHAOS_SEED` replays one)."""
+"""The short chaos soak (`bench/chaos.py`): 3 minutes of the whole system, a fault every 20 s, then the
+reconciliation. CI draws its faults from one fixed seed, so that a red run names a sequence to replay,
+not luck (`AWRL_CHAOS_SEED=N` picks another, `AWRL_CHAOS_SEED=random` a new one, printed);
+`bench/chaos.py` draws new ones for the long soaks."""
 
 from __future__ import annotations
 
@@ -13,11 +15,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 
 from chaos import soak  # noqa: E402
 
+CI_SEED = 413277804
+"""Broker, store down and full, pool, trainer, writer twice, browser twice: every row of the matrix."""
+
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_three_minutes_of_chaos_lose_nothing_and_repeat_nothing(tmp_path):
-    seed = int(os.environ["AWRL_CHAOS_SEED"]) if os.environ.get("AWRL_CHAOS_SEED") else None
+    chosen = os.environ.get("AWRL_CHAOS_SEED", str(CI_SEED))
+    seed = None if chosen == "random" else int(chosen)
     r = soak(tmp_path, minutes=3, every_s=20, seed=seed)
     print("\n".join(r.lines()))
     assert len(r.faults) >= 8, "a fault every 20 s"
