@@ -6,15 +6,19 @@ contract) and adds a row to the table pytest prints at the end of the session (`
 
 from __future__ import annotations
 
+import threading
+import time
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 import pyarrow.dataset as ds
 
-from pipeline.bus import read_log
+from pipeline.bus import EventProducer, read_log
 from pipeline.ledger import ledger_filesystem, list_parquet
 from pipeline.topics import ROLLOUT, TASKS, TRAINER, Topic
+
+from samples import sample_group
 
 
 @dataclass(frozen=True)
@@ -60,3 +64,37 @@ def markdown(rows: list[Accounting]) -> str:
     lines = ["| fault | events produced | rows in the ledger | lost | duplicated | note |", "|---|---|---|---|---|---|"]
     lines += [f"| {r.fault} | {r.produced} | {r.rows} | {r.lost} | {r.duplicated} | {r.note} |" for r in rows]
     return "\n".join(lines)
+
+
+SHA = "cd" * 32
+
+
+class Publisher:
+    """Publishes groups of events the way the pool does, remembering when each was acknowledged."""
+
+    def __init__(self, settings, run_id: str, client_id: str = "awrl"):
+        self.producer = EventProducer(settings, client_id=client_id)
+        self.run_id = run_id
+        self.acked: dict[str, float] = {}
+        self.failed: set[str] = set()
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        g = 0
+        while not self.stop.is_set():
+            for e in sample_group(self.run_id, f"g{g}", [SHA], seed=g):
+                f = self.producer.publish(e)
+                f.add_callback(lambda _, i=e.event_id: self.acked.__setitem__(i, time.monotonic()))
+                f.add_errback(lambda _, i=e.event_id: self.failed.add(i))
+            g += 1
+            time.sleep(0.05)
+
+    def finish(self, close: bool = True) -> None:
+        """Stop publishing and wait for the acknowledgements; `close=False` keeps the producer (and
+        its outbox, which may still send again) running."""
+        self.stop.set()
+        self.thread.join()
+        self.producer.flush(timeout=60)
+        if close:
+            self.producer.close()

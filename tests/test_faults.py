@@ -28,38 +28,7 @@ from rollout.policy.scripted import OraclePolicy
 from rollout.pool import PoolConfig, RolloutPool
 from schemas import EpisodeFinished, GroupCompleted, StepRecorded
 
-from faults import account, ledger_ids, log_ids
-from samples import sample_group
-
-SHA = "cd" * 32
-
-
-class Publisher:
-    """Publishes groups of events the way the pool does, remembering when each was acknowledged."""
-
-    def __init__(self, settings, run_id: str):
-        self.producer = EventProducer(settings)
-        self.run_id = run_id
-        self.acked: dict[str, float] = {}
-        self.failed: set[str] = set()
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        g = 0
-        while not self.stop.is_set():
-            for e in sample_group(self.run_id, f"g{g}", [SHA], seed=g):
-                f = self.producer.publish(e)
-                f.add_callback(lambda _, i=e.event_id: self.acked.__setitem__(i, time.monotonic()))
-                f.add_errback(lambda _, i=e.event_id: self.failed.add(i))
-            g += 1
-            time.sleep(0.05)
-
-    def finish(self) -> None:
-        self.stop.set()
-        self.thread.join()
-        self.producer.flush(timeout=60)
-        self.producer.close()
+from faults import Publisher, account, ledger_ids, log_ids
 
 
 def _publish_through_a_restart(settings, run_id: str, restart):

@@ -16,8 +16,7 @@ import uuid
 
 import pyarrow.fs as pafs
 import pytest
-from faults import account, ledger_ids
-from samples import sample_group
+from faults import Publisher, account, ledger_ids
 
 from pipeline.bus import EventProducer, create_topics
 from pipeline.ledger import LedgerWriter
@@ -25,8 +24,6 @@ from pipeline.outbox import Outbox
 from pipeline.receipts import RECEIPTS, ReceiptReader, ReceiptWriter
 from pipeline.stack.local import LocalStack
 from pipeline.stack.tansu import start_tansu
-
-SHA = "ab" * 32
 
 
 def test_the_outbox_keeps_what_the_ledger_has_not_confirmed(tmp_path):
@@ -61,29 +58,6 @@ def test_receipts_name_each_durable_event_once_and_old_ones_are_swept(tmp_path):
     assert not old.exists() and writer.written == 1  # older than `keep_s`: swept by the writer
 
 
-class Publisher:
-    """Publishes sample groups until stopped, remembering which events the broker acknowledged."""
-
-    def __init__(self, settings, run_id: str, client_id: str):
-        self.producer = EventProducer(settings, client_id=client_id)
-        self.run_id, self.acked, self.stop = run_id, set(), threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        g = 0
-        while not self.stop.is_set():
-            for e in sample_group(self.run_id, f"g{g}", [SHA], seed=g):
-                self.producer.publish(e).add_callback(lambda _, i=e.event_id: self.acked.add(i))
-            g += 1
-            time.sleep(0.05)
-
-    def finish(self) -> None:
-        self.stop.set()
-        self.thread.join()
-        self.producer.flush(timeout=60)
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_three_broker_kills_lose_nothing_with_the_outbox(stack, settings, tmp_path):
@@ -100,15 +74,16 @@ def test_three_broker_kills_lose_nothing_with_the_outbox(stack, settings, tmp_pa
     writer = threading.Thread(target=LedgerWriter(settings).sync, kwargs={"follow": True, "stop": writer_stop})
     writer.start()
     boxed, bare = Publisher(with_box, run_box, "boxed"), Publisher(settings, run_bare, "bare")
+    boxed.thread.start(), bare.thread.start()
     try:
         for _ in range(3):
             time.sleep(4)
             own.restart("kafka", crash=True)
             create_topics(settings)  # a memory broker comes back empty; the app's topics are recreated
         time.sleep(4)
-        boxed.finish(), bare.finish()
+        boxed.finish(close=False), bare.finish(close=False)  # the outbox goes on sending again
         deadline = time.monotonic() + 120  # the outbox resends within seconds; the writer then writes
-        while time.monotonic() < deadline and (not boxed.acked <= set(ledger_ids(settings, run_box))
+        while time.monotonic() < deadline and (not boxed.acked.keys() <= set(ledger_ids(settings, run_box))
                                                or len(boxed.producer.outbox) > 0):
             time.sleep(1)
         left = len(boxed.producer.outbox)
