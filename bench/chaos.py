@@ -358,16 +358,21 @@ def main(minutes: float = typer.Option(30.0, help="Length of the soak."),
          seed: int = typer.Option(None, help="Replay a soak (printed first by every run)."),
          matrix: bool = typer.Option(False, help="The loaded fault matrix instead: each fault alone, once, "
                                                  "`--every` s into a `--minutes` run of the whole system."),
+         only: str = typer.Option(None, help=f"One row of the matrix: {', '.join(FAULTS)}."),
          workdir: Path = typer.Option(Path(".awrl/chaos"))) -> None:
     workdir = workdir.resolve() / time.strftime("%Y%m%dT%H%M%S")
     workdir.mkdir(parents=True)
-    if matrix:
+    if only and only not in FAULTS:
+        raise typer.BadParameter(f"{only!r} is not one of {', '.join(FAULTS)}", param_hint="--only")
+    if matrix or only:
         rows, ok = [MATRIX_HEAD], True
-        for fault in FAULTS:
+        for fault in [only] if only else FAULTS:
             r = soak(workdir / fault, minutes, every, seed, only=fault)
             rows.append(matrix_row(fault, r))
             ok &= r.ok
             print(rows[-1], flush=True)
+            if not r.ok:  # the row shows the counts; this, which check failed
+                print("\n".join(r.lines()), flush=True)
         print("\n".join(rows))
         raise typer.Exit(0 if ok else 1)
     r = soak(workdir, minutes, every, seed)

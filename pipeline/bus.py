@@ -88,6 +88,9 @@ class EventProducer:
             batch_size=256 * 1024,
             max_request_size=16 * 1024 * 1024,
             compression_type=settings.kafka_compression,
+            # A broker that came back empty would create a topic on our first metadata request, with
+            # its default partition count (Tansu: 4), not the topic's own: topics are the stack's to make.
+            allow_auto_create_topics=False,
         )
         self._kafka = KafkaProducer(**self._config)
         self._lock = threading.Lock()
@@ -259,6 +262,7 @@ class EventConsumer:
             group_id=group_name(settings, group_id),
             client_id=client_id,
             enable_auto_commit=False,
+            allow_auto_create_topics=False,  # as the producer's
             auto_offset_reset="earliest",
             session_timeout_ms=6000,
             heartbeat_interval_ms=1000,
@@ -355,6 +359,12 @@ class EventConsumer:
 
         False when the group no longer knows this member (a rebalance, a restarted broker): the
         messages will be delivered again, which every consumer here absorbs by event id."""
+        if offsets is not None:
+            # Never past what `poll()` handed out in this log: offsets computed before the broker was
+            # replaced count in the lost log, and the group's next reader would skip that many records.
+            offsets = {tp: min(o, self._polled[tp]) for tp, o in offsets.items() if tp in self._polled}
+            if not offsets:
+                return False
         try:
             if offsets is None:
                 self._kafka.commit()

@@ -170,6 +170,8 @@ class _Flush:
     """Of `_flush`: the batch's journal entries, once its files are durable."""
     polled: dict[tuple[str, int], int]
     """The offsets to commit then: everything polled up to the end of the batch."""
+    cluster: str | None
+    """The log those offsets count in; None when the broker was replaced while the batch was polled."""
 
 
 class LedgerWriter:
@@ -252,7 +254,7 @@ class LedgerWriter:
                 flushed = self._settle(consumer, on_flush)
                 self._receipt()
                 if batch or rejected:  # a run of bad messages is progress too: kept, then committed
-                    self._inflight = _Flush(flusher.submit(self._flush, batch, cluster, rejected), polled)
+                    self._inflight = _Flush(flusher.submit(self._flush, batch, cluster, rejected), polled, cluster)
                     idle_since = None
                 elif flushed:
                     idle_since = None
@@ -277,7 +279,11 @@ class LedgerWriter:
         if inflight is None:
             return False
         entries = inflight.future.result()
-        committed = self._commit(consumer, inflight.polled)  # only now: its files are durable
+        # Only now: its files are durable. Never into another log: offsets of a lost log, committed to
+        # the group on the broker that replaced it, would make the next owner of a partition skip
+        # that many new records (2 events of a soak were, until their outbox sent them again).
+        same_log = inflight.cluster is not None and inflight.cluster == consumer.polled_cluster
+        committed = same_log and self._commit(consumer, inflight.polled)
         self._journaled(entries, committed)
         self.last_flush_at = time.perf_counter()
         if on_flush:

@@ -22,13 +22,12 @@ from pathlib import Path
 import pytest
 from test_assets import ASSETS, RUN, write_sample_run
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(720)]
 
 REPO = Path(__file__).resolve().parents[1]
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync"]
 RUNS = "{ runsOrError { ... on Runs { results { runId status tags { key value } } } } }"
-PARTITIONS = '{ assetNodeOrError(assetKey: {path: ["steps"]}) { ... on AssetNode { partitionKeys } } }'
 
 
 def _free_port() -> int:
@@ -80,6 +79,10 @@ def dagster_dev_server(tmp_path: Path, env: dict[str, str]):
         _wait("the webserver", up, timeout=180)
         print(f"dagster dev answered after {time.monotonic() - started:.1f} s")
         yield base
+    except BaseException:  # what the daemon said, e.g. why the sensor never ticked
+        log.flush()
+        print("dagster dev's log, last lines:\n" + (tmp_path / "dagster_dev.log").read_text(errors="replace")[-4000:])
+        raise
     finally:
         stopping = time.monotonic()
         os.killpg(proc.pid, signal.SIGINT)
@@ -123,6 +126,21 @@ def launch_all_partitions(page, button: str):
     dialog.wait_for(state="hidden", timeout=30_000)
 
 
+SENSOR_WAIT_S = 240
+"""The daemon loads the code location in its own process before the sensor's first tick (TICK_S after
+start): on a loaded 2-core machine that took more than 90 s once."""
+
+
+def wait_for_partitions(base: str, asset: str) -> list[str]:
+    """The partitions of `asset`, once the sensor has added at least one."""
+    query = '{ assetNodeOrError(assetKey: {path: ["%s"]}) { ... on AssetNode { partitionKeys } } }' % asset
+    t0 = time.monotonic()
+    keys = _wait("the sensor to add the run partition",
+                 lambda: _graphql(base, query)["assetNodeOrError"]["partitionKeys"], timeout=SENSOR_WAIT_S)
+    print(f"sensor added the partition after {time.monotonic() - t0:.1f} s")
+    return keys
+
+
 def finished_runs(base: str):
     """Every run, once all have ended and one was launched from the UI (not by the sensor)."""
     runs = _graphql(base, RUNS)["runsOrError"]["results"]
@@ -143,10 +161,8 @@ def test_sensor_and_ui_materialize_a_run(dagster_dev):
     from playwright.sync_api import sync_playwright
 
     base, tmp_path, ledger = dagster_dev
-    partitions = lambda: _graphql(base, PARTITIONS)["assetNodeOrError"]["partitionKeys"]  # noqa: E731
     t0 = time.monotonic()
-    assert _wait("the sensor to add the run partition", partitions, timeout=90) == [RUN]
-    print(f"sensor added the partition after {time.monotonic() - t0:.1f} s")
+    assert wait_for_partitions(base, "steps") == [RUN]
 
     with sync_playwright() as p:
         browser, page = open_ui(p, base, "/asset-groups")  # the global graph: every group, events at the top

@@ -146,3 +146,52 @@ def test_a_producer_killed_between_its_outbox_and_its_send_sends_once_after_rest
                   note="sent by the restarted producer from its outbox, confirmed, then removed from it")
     assert row.lost == 0 and row.duplicated == 0
     assert len(Outbox(tmp_path / "outbox" / f"{settings.topic_prefix}.killed.sqlite")) == 0  # confirmed by the ledger, so forgotten
+
+
+@pytest.mark.timeout(180)
+def test_offsets_of_a_lost_log_are_never_committed_past_what_the_new_log_handed_out(stack, settings, tmp_path):
+    """A consumer computed offsets in the log a broker lost; committed to the broker that replaced it,
+    they would make the group's next reader skip records it never handed out. `commit` clips them to
+    what `poll()` returned in the new log."""
+    from pipeline.bus import EventConsumer
+    from pipeline.topics import ROLLOUT
+    from samples import sample_step
+
+    kafka = start_tansu(tmp_path, port=None)
+    own = LocalStack(data_dir=tmp_path, services=[kafka], kafka_bootstrap=f"127.0.0.1:{kafka.port}", s3=stack.s3)
+    settings = settings.model_copy(update={"kafka_bootstrap": own.kafka_bootstrap, "outbox_dir": None})
+    steps = lambda n: [sample_step("r", "g", "g-t0", i, "ab" * 32, seed=i) for i in range(n)]  # noqa: E731
+    try:
+        create_topics(settings)
+        producer = EventProducer(settings)
+        producer.publish_all(steps(12))  # one key: one partition
+        reader = EventConsumer(settings, "readers", [ROLLOUT], producer)
+        got = []
+        while len(got) < 12:
+            got += reader.poll(timeout_ms=500)
+        lost_log = reader.polled()  # 12, the offset in the log about to be lost
+        # Every partition's, as a commit of that log would name them: a broker that comes back empty
+        # can make the topic with another partition count (Tansu creates it on the first metadata
+        # request, with 4), so the key's partition may change.
+        lost_log = {(topic, p): offset for (topic, _), offset in lost_log.items() for p in range(ROLLOUT.partitions)}
+        own.restart("kafka", crash=True)
+        create_topics(settings)
+        producer.close()
+        producer = EventProducer(settings)
+        producer.publish_all(steps(20))
+        new = []
+        while not new:  # the first poll finds the broker replaced and starts the new log over
+            new += reader.poll(timeout_ms=500, max_records=5)
+        assert [d.offset for d in new] == [0, 1, 2, 3, 4] and reader.broker_replacements == 1
+        assert reader.commit(lost_log)  # committed, but no further than the 5 records handed out
+        reader.close()
+        after = EventConsumer(settings, "readers", [ROLLOUT], producer)
+        rest = []
+        deadline = time.monotonic() + 60
+        while len(rest) < 15 and time.monotonic() < deadline:
+            rest += after.poll(timeout_ms=500)
+        after.close()
+        producer.close()
+    finally:
+        own.down()
+    assert [d.offset for d in rest] == list(range(5, 20))  # none skipped (unclipped: 12 onwards)

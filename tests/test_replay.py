@@ -154,19 +154,18 @@ def test_the_replay_asset_puts_the_variant_beside_the_recording(recorded, monkey
 
 
 @slow
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(900)
 def test_replay_launched_from_the_dagster_ui(recorded, tmp_path):
     """A person opens the `replay` asset in `dagster dev`, clicks Materialize and launches it for the
     run (the default config: the recorded config, every update); it replays bit for bit."""
     import time
 
     from playwright.sync_api import sync_playwright
-    from test_dagster_ui import _graphql, _wait, dagster_dev_server, finished_runs, launch_all_partitions, open_ui
+    from test_dagster_ui import _wait, dagster_dev_server, finished_runs, launch_all_partitions, open_ui, wait_for_partitions
 
     settings, run_id = recorded
-    partitions = '{ assetNodeOrError(assetKey: {path: ["replay"]}) { ... on AssetNode { partitionKeys } } }'
     with dagster_dev_server(tmp_path, settings.environ()) as base:
-        _wait("the sensor to add the run", lambda: _graphql(base, partitions)["assetNodeOrError"]["partitionKeys"], 90)
+        wait_for_partitions(base, "replay")
         with sync_playwright() as p:
             browser, page = open_ui(p, base, "/assets/replay")
             try:
