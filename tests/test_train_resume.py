@@ -15,6 +15,7 @@ import uuid
 from collections import Counter
 from pathlib import Path
 
+import psutil
 import torch
 
 from analysis.replay import replay
@@ -32,7 +33,7 @@ from rollout.policy.local import LocalPolicy
 from schemas import GroupCompleted, PolicyVersionPublished, UpdateApplied
 from schemas.observation import Mark, Observation
 from trainer.config import TrainConfig
-from trainer.launch import torchrun_command
+from trainer.launch import dies_with_parent, torchrun_command
 
 from faults import account, log_ids
 from samples import render_page, sample_step, stored_sha256
@@ -153,8 +154,12 @@ def test_sigkilled_trainer_resumes_without_losing_or_repeating_a_group(settings,
         deadline = time.monotonic() + 240
         while time.monotonic() < deadline and len(published(trainer_events(settings, run_id))) < 3:
             time.sleep(1)
-        os.killpg(proc.pid, signal.SIGKILL)  # the launcher and both ranks, mid-run
+        ranks = psutil.Process(proc.pid).children(recursive=True)  # each in a session of its own
+        assert len([r for r in ranks if "trainer.train" in " ".join(r.cmdline())]) == 2
+        os.killpg(proc.pid, signal.SIGKILL)  # torchrun, mid-run: its ranks die with it (not in its group)
         proc.wait(timeout=30)
+        _, alive = psutil.wait_procs(ranks, timeout=15)
+        assert alive == [], alive  # else they would train on beside the resumed trainer
         killed_at = len(published(trainer_events(settings, run_id))) - 1
         assert 2 <= killed_at < 5
         out = subprocess.run(torchrun_command(config, path, 2), env=env, capture_output=True, text=True, timeout=300)
@@ -181,3 +186,15 @@ def test_sigkilled_trainer_resumes_without_losing_or_repeating_a_group(settings,
     # The resumed trainer restored the sharded optimizer state the killed one stored: replay, which
     # starts every batch from that stored state, reproduces every update bit for bit.
     assert all(b.exact for b in replay(ledger, run_id))
+
+
+def test_what_the_launcher_starts_dies_with_the_launcher():
+    """`awrl train` SIGKILLed: the torchrun it started (in a session of its own) goes with it."""
+    launcher = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time; "
+                                 "p = subprocess.Popen(sys.argv[1:], start_new_session=True); print(p.pid, flush=True); "
+                                 "time.sleep(60)", *dies_with_parent(["sleep", "60"])], stdout=subprocess.PIPE, text=True)
+    child = psutil.Process(int(launcher.stdout.readline()))
+    launcher.kill()
+    launcher.wait()
+    child.wait(timeout=10)  # raises if it outlives the launcher by 10 s (`sleep 60` would)
+    assert not child.is_running()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -36,6 +37,16 @@ class Nodes:
         return None
 
 
+def dies_with_parent(command: list[str]) -> list[str]:
+    """`command`, killed by the kernel when the process that started it dies (util-linux's `setpriv
+    --pdeathsig`, kept across exec). torchrun starts each rank in a session of its own, and `start`
+    torchrun in one of its own: without this a SIGKILLed `awrl train` left torchrun and its ranks
+    training beside the trainer started in its place (seen in a chaos soak: the same groups trained
+    twice, the same version numbers published twice)."""
+    setpriv = shutil.which("setpriv")
+    return [setpriv, "--pdeathsig", "KILL", "--", *command] if setpriv else command
+
+
 def torchrun_command(config: TrainConfig, config_path: Path, nproc: int, nodes: Nodes = Nodes()) -> list[str]:
     """The launch; `python -m torch.distributed.run` is what the `torchrun` script runs."""
     if problem := nodes.problem():
@@ -45,8 +56,8 @@ def torchrun_command(config: TrainConfig, config_path: Path, nproc: int, nodes: 
     else:
         where = [f"--nnodes={nodes.nnodes}", f"--node-rank={nodes.node_rank}", "--rdzv-backend=c10d",
                  f"--rdzv-endpoint={nodes.rdzv_endpoint}", f"--rdzv-id={config.run_id}"]
-    return [sys.executable, "-m", "torch.distributed.run", *where, f"--nproc_per_node={nproc}",
-            "-m", "trainer.train", "--config", str(config_path)]
+    rank = dies_with_parent([sys.executable, "-m", "trainer.train", "--config", str(config_path)])
+    return [sys.executable, "-m", "torch.distributed.run", *where, f"--nproc_per_node={nproc}", "--no-python", *rank]
 
 
 def start(config: TrainConfig, nproc: int = 1, env: dict[str, str] | None = None,
@@ -59,7 +70,7 @@ def start(config: TrainConfig, nproc: int = 1, env: dict[str, str] | None = None
     command = torchrun_command(config, path, nproc, nodes)
     if cpus is not None:
         command = ["taskset", "-c", cpus, *command]
-    return subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT if log else None,
+    return subprocess.Popen(dies_with_parent(command), env=env, stdout=log, stderr=subprocess.STDOUT if log else None,
                             start_new_session=True)
 
 
