@@ -112,12 +112,14 @@ class Reconciliation:
     """Updates no published version names: lost with a killed trainer, or after its last version."""
     versions: int = 0
     versions_without_checkpoint: int = 0
+    versions_twice: int = 0
+    """Version numbers published by two different events (a trainer that resumed from too early)."""
     restarts: dict[str, int] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
         return not (self.duplicated or self.left_in_outboxes or self.missing_steps or self.trained_twice
-                    or self.dropped_without_reason or self.versions_without_checkpoint)
+                    or self.dropped_without_reason or self.versions_without_checkpoint or self.versions_twice)
 
     def lines(self) -> list[str]:
         drawn = Counter(f for _, f in self.faults)
@@ -131,7 +133,8 @@ class Reconciliation:
             f"{self.dropped} (without a reason: {self.dropped_without_reason}), still open {self.open_groups}",
             f"updates in a published version: {self.updates}; not (lost with a killed trainer, or after its "
             f"last version): {self.updates_lost}",
-            f"versions published: {self.versions}, without a checkpoint: {self.versions_without_checkpoint}",
+            f"versions published: {self.versions}, without a checkpoint: {self.versions_without_checkpoint}, "
+            f"published twice: {self.versions_twice}",
             "services started again after dying: " + ", ".join(f"{k} {v}" for k, v in sorted(self.restarts.items())),
             "reconciled: OK" if self.ok else "reconciled: FAILED",
         ]
@@ -299,6 +302,8 @@ class Soak:
         store = CheckpointStore.from_settings(self.settings)
         versions = {v["version"] for v in tables["PolicyVersionPublished"] if v["version"] > 0}
         r.versions = len(versions)
+        numbers = Counter(n for n, _ in {(v["version"], v["event_id"]) for v in tables["PolicyVersionPublished"]})
+        r.versions_twice = sum(1 for n in numbers.values() if n > 1)
         r.versions_without_checkpoint = sum(1 for v in versions if not store.exists(self.run_id, v))
         return r
 

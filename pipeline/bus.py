@@ -13,6 +13,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from pathlib import Path
 
 from kafka import ConsumerRebalanceListener, KafkaConsumer, KafkaProducer
 from kafka.admin import KafkaAdminClient, NewTopic
@@ -102,7 +103,7 @@ class EventProducer:
         self.outbox: Outbox | None = None
         self._reconciler: Reconciler | None = None
         if settings.outbox_dir is not None:  # `pipeline.outbox`: kept on disk until the ledger has it
-            self.outbox = Outbox(settings.outbox_dir / f"{settings.topic_prefix}.{client_id}.sqlite")
+            self.outbox = Outbox(outbox_path(settings, client_id))
             receipts = ReceiptReader(*ledger_filesystem(settings, create=False))
             self._reconciler = Reconciler(self.outbox, receipts, self._live_cluster, self._send)
 
@@ -494,6 +495,11 @@ def dead_letters(settings: StackSettings, timeout_s: float = 10.0) -> list[DeadL
 def _at_end(kafka: KafkaConsumer, tp: TopicPartition) -> bool:
     highwater = kafka.highwater(tp)  # None until a fetch for `tp` has come back
     return highwater is not None and kafka.position(tp) >= highwater
+
+
+def outbox_path(settings: StackSettings, client_id: str) -> Path | None:
+    """The outbox of the producer `client_id` (one per producer and topic prefix); None without outboxes."""
+    return settings.outbox_dir / f"{settings.topic_prefix}.{client_id}.sqlite" if settings.outbox_dir else None
 
 
 def read_log(settings: StackSettings, topic: Topic, timeout_s: float = 30.0) -> list[Event]:

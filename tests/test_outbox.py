@@ -195,3 +195,37 @@ def test_offsets_of_a_lost_log_are_never_committed_past_what_the_new_log_handed_
     finally:
         own.down()
     assert [d.offset for d in rest] == list(range(5, 20))  # none skipped (unclipped: 12 onwards)
+
+
+@pytest.mark.timeout(180)
+def test_a_trainer_resumes_from_its_past_after_the_broker_lost_its_log(stack, settings, tmp_path):
+    """v0 and v1 are in the ledger, v2 only in the trainer's outbox when the broker dies: the trainer
+    started again resumes from v2, not from version 0 (the log alone: empty)."""
+    from pipeline.bus import read_log
+    from pipeline.topics import TRAINER
+    from schemas import GroupDropped, PolicyVersionPublished
+    from trainer.train import TRAINER_CLIENT, _resume_state
+
+    kafka = start_tansu(tmp_path, port=None)
+    own = LocalStack(data_dir=tmp_path, services=[kafka], kafka_bootstrap=f"127.0.0.1:{kafka.port}", s3=stack.s3)
+    settings = settings.model_copy(update={"kafka_bootstrap": own.kafka_bootstrap, "outbox_dir": tmp_path / "outbox",
+                                           "ledger_uri": str(tmp_path / "ledger")})
+    run_id = f"past-{uuid.uuid4().hex[:6]}"
+    version = lambda v: PolicyVersionPublished(run_id=run_id, version=v, checkpoint_uri=f"s3://awrl/v{v}",  # noqa: E731
+                                               checkpoint_sha256="ab" * 32, parent_version=v - 1 if v else None)
+    try:
+        create_topics(settings)
+        producer = EventProducer(settings, client_id=TRAINER_CLIENT)
+        producer.publish_all([version(0), GroupDropped(run_id=run_id, group_id="g1", task_id="t", reason="stale",
+                                           trainer_version=1, min_policy_version=0),
+                              version(1)])
+        LedgerWriter(settings).sync(idle_exit_s=2)
+        producer.publish_all([version(2)])  # acknowledged; the ledger writer is not running
+        producer.close()
+        own.restart("kafka", crash=True)
+        create_topics(settings)
+        assert [e for e in read_log(settings, TRAINER) if e.run_id == run_id] == []  # the log alone: from v0
+        latest, first, skip = _resume_state(settings, run_id)
+    finally:
+        own.down()
+    assert (latest.version, first.version, skip) == (2, 0, {"g1"})

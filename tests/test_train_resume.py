@@ -194,6 +194,9 @@ def test_what_the_launcher_starts_dies_with_the_launcher():
                                  "p = subprocess.Popen(sys.argv[1:], start_new_session=True); print(p.pid, flush=True); "
                                  "time.sleep(60)", *dies_with_parent(["sleep", "60"])], stdout=subprocess.PIPE, text=True)
     child = psutil.Process(int(launcher.stdout.readline()))
+    deadline = time.monotonic() + 30
+    while child.name() != "sleep" and time.monotonic() < deadline:  # setpriv has asked, then exec'd it
+        time.sleep(0.05)
     launcher.kill()
     launcher.wait()
     child.wait(timeout=10)  # raises if it outlives the launcher by 10 s (`sleep 60` would)

@@ -46,9 +46,10 @@ from model.inputs import suppressed_token_ids
 from model.policy import ensure_policy, load_image_processor, load_shards, load_tokenizer, save_policy, stored_weights
 from model.push import WeightSender
 from pipeline import health
-from pipeline.bus import EventProducer, create_topics, read_log
+from pipeline.bus import EventProducer, create_topics
 from pipeline.checkpoints import CheckpointStore
 from pipeline.hashing import combined_sha256, weights_sha256
+from pipeline.history import sent_events
 from pipeline.settings import StackSettings
 from pipeline.store import ScreenshotStore, patiently
 from pipeline.topics import TRAINER
@@ -71,6 +72,8 @@ from trainer.update import (
 from trainer.versions import VersionWriter
 
 log = logging.getLogger("awrl.trainer")
+TRAINER_CLIENT = "trainer"
+"""The trainer's producer: its outbox is part of the past a restarted trainer resumes from."""
 
 
 @dataclass
@@ -187,7 +190,7 @@ def _start(config: TrainConfig, settings: StackSettings, device: torch.device) -
                  update_step=latest.update_step + 1 if latest and latest.update_step is not None else 0)
     if t.leader:
         create_topics(settings)
-        t.producer = EventProducer(settings, client_id="trainer")
+        t.producer = EventProducer(settings, client_id=TRAINER_CLIENT)
         t.builder = BatchBuilder(settings, config, t.producer, skip=skip)
         t.sender = WeightSender(config.push_address) if config.push_address else None
     if latest is None:  # announce version 0, so the lineage starts at a stored checkpoint
@@ -246,9 +249,12 @@ def _train_batch(t: _Trainer, batch: list, wait_s: float) -> list[UpdateApplied]
 
 def _resume_state(settings: StackSettings, run_id: str
                   ) -> tuple[PolicyVersionPublished | None, PolicyVersionPublished | None, set[str]]:
-    """The run's newest and first published versions and the groups already trained or dropped."""
+    """The run's newest and first published versions and the groups already trained or dropped, from
+    everything the trainer sent (`pipeline.history`): after a broker lost its log, the log alone would
+    resume from version 0 and publish its numbers again."""
     create_topics(settings)
-    events = [e for e in read_log(settings, TRAINER) if e.run_id == run_id]
+    events = sent_events(settings, run_id, TRAINER, (PolicyVersionPublished, UpdateApplied, GroupDropped),
+                         client_id=TRAINER_CLIENT)
     published = [e for e in events if isinstance(e, PolicyVersionPublished)]
     committed_updates = {u for p in published for u in p.update_ids}
     skip = {g for e in events if isinstance(e, UpdateApplied) and e.event_id in committed_updates for g in e.group_ids}
