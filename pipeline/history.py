@@ -1,17 +1,19 @@
 """A run's past events as the system holds them now: in the ledger, in the broker's log, in an outbox.
 
-What folds its state from its own past on start-up (the trainer's resume point) reads this, not the log
-alone. A broker that lost its log (Tansu in memory) holds only what came after, and an outbox does not
-send again what the ledger has confirmed; every event a producer sent is in at least one of the three.
+What folds its state from the run's past on start-up (the trainer's resume point, the pool's newest
+version, the dispatcher's admission budget) reads this, not the log alone. A broker that lost its log
+(Tansu in memory) holds only what came after, and an outbox does not send again what the ledger has
+confirmed; every event a producer sent is in at least one of the three.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
 
 from pydantic import ValidationError
 
-from pipeline.bus import outbox_path, read_log, topic_name
+from pipeline.bus import EventProducer, follow, outbox_path, read_log, topic_name
 from pipeline.ledger import read_events
 from pipeline.outbox import Outbox
 from pipeline.settings import StackSettings
@@ -47,3 +49,23 @@ def sent_events(settings: StackSettings, run_id: str, topic: Topic, models: Sequ
         finally:
             box.close()
     return list(found.values())
+
+
+def follow_run(settings: StackSettings, topic: Topic, run_id: str, models: Sequence[type[Event]],
+               on_event: Callable[[Event], None], stop: threading.Event, producer: EventProducer,
+               client_id: str) -> None:
+    """`pipeline.bus.follow` of the run's `models` on `topic`, the ledger's past first; each event once
+    (a broker that lost its log is read again from its start, where outboxes resend what it lost)."""
+    seen: set[str] = set()
+
+    def once(e: Event) -> None:
+        if isinstance(e, tuple(models)) and e.event_id not in seen:
+            seen.add(e.event_id)
+            on_event(e)
+
+    for model in models:
+        table = patiently(lambda name=model.__name__: read_events(settings, run_id, name),
+                          f"reading the run's {model.__name__} events from the ledger")
+        for e in table_to_events(table, model):
+            once(e)
+    follow(settings, topic, run_id, once, stop, producer, client_id=client_id)

@@ -15,7 +15,8 @@ import uuid
 from collections.abc import Iterator
 from typing import Protocol
 
-from pipeline.bus import EventProducer, follow
+from pipeline.bus import EventProducer
+from pipeline.history import follow_run
 from pipeline.settings import StackSettings
 from pipeline.topics import TRAINER
 from schemas import GroupDropped, PolicyVersionPublished, TaskGroupDispatched
@@ -68,12 +69,13 @@ def dispatch(producer: EventProducer, run_id: str, tasks: Iterator[Task], groups
 
 def follow_trainer(settings: StackSettings, run_id: str, budget: Admission, stop: threading.Event,
                    producer: EventProducer) -> None:
-    """Feed `budget` from the run's trainer events (from the start of the log) until `stop` is set."""
+    """Feed `budget` from the run's trainer events (its past first, each once) until `stop` is set."""
 
     def on_event(e) -> None:
         if isinstance(e, PolicyVersionPublished):
             budget.version(e.version)
-        elif isinstance(e, GroupDropped):
+        else:
             budget.rejected(1)
 
-    follow(settings, TRAINER, run_id, on_event, stop, producer, client_id="dispatcher")
+    follow_run(settings, TRAINER, run_id, [PolicyVersionPublished, GroupDropped], on_event, stop, producer,
+               client_id="dispatcher")

@@ -20,7 +20,8 @@ from pathlib import Path
 
 from playwright.async_api import async_playwright
 
-from pipeline.bus import EventConsumer, EventProducer, follow
+from pipeline.bus import EventConsumer, EventProducer
+from pipeline.history import follow_run
 from pipeline.hashing import sha256_hex
 from pipeline.settings import StackSettings
 from pipeline.store import ScreenshotStore
@@ -351,14 +352,14 @@ class RolloutPool:
         return _Group(dispatch=dispatch, task=task, offset=(d.topic, d.partition, d.offset))
 
     def _watch_versions(self) -> None:
-        """Follow `PolicyVersionPublished` from the start of the log, keeping the newest."""
+        """Follow `PolicyVersionPublished` (the run's past first), keeping the newest."""
 
         def on_event(e) -> None:
-            if isinstance(e, PolicyVersionPublished) and (self._latest is None or e.version > self._latest.version):
+            if self._latest is None or e.version > self._latest.version:
                 self._latest = e
 
-        follow(self.settings, TRAINER, self.config.run_id, on_event, self._stop, self.producer,
-               client_id="rollout-versions")
+        follow_run(self.settings, TRAINER, self.config.run_id, [PolicyVersionPublished], on_event, self._stop,
+                   self.producer, client_id="rollout-versions")
 
 
 async def _cancel_all(tasks: list[asyncio.Task]) -> None:

@@ -202,6 +202,7 @@ def test_a_trainer_resumes_from_its_past_after_the_broker_lost_its_log(stack, se
     """v0 and v1 are in the ledger, v2 only in the trainer's outbox when the broker dies: the trainer
     started again resumes from v2, not from version 0 (the log alone: empty)."""
     from pipeline.bus import read_log
+    from pipeline.history import follow_run
     from pipeline.topics import TRAINER
     from schemas import GroupDropped, PolicyVersionPublished
     from trainer.train import TRAINER_CLIENT, _resume_state
@@ -226,6 +227,20 @@ def test_a_trainer_resumes_from_its_past_after_the_broker_lost_its_log(stack, se
         create_topics(settings)
         assert [e for e in read_log(settings, TRAINER) if e.run_id == run_id] == []  # the log alone: from v0
         latest, first, skip = _resume_state(settings, run_id)
+        # What the pool and the dispatcher follow: the ledger's past, then the log, where the restarted
+        # trainer's outbox sends v2 again; each event once.
+        seen, stop = [], threading.Event()
+        follower = threading.Thread(target=follow_run, args=(settings, TRAINER, run_id, [PolicyVersionPublished, GroupDropped],
+                                                             seen.append, stop, EventProducer(settings, "f"), "f"))
+        follower.start()
+        restarted = EventProducer(settings, client_id=TRAINER_CLIENT)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and len(seen) < 4:
+            time.sleep(0.5)
+        stop.set()
+        follower.join(timeout=30)
+        restarted.close()
     finally:
         own.down()
     assert (latest.version, first.version, skip) == (2, 0, {"g1"})
+    assert sorted(getattr(e, "version", -1) for e in seen) == [-1, 0, 1, 2] and len({e.event_id for e in seen}) == 4
