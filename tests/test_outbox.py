@@ -148,6 +148,7 @@ def test_a_producer_killed_between_its_outbox_and_its_send_sends_once_after_rest
     assert len(Outbox(tmp_path / "outbox" / f"{settings.topic_prefix}.killed.sqlite")) == 0  # confirmed by the ledger, so forgotten
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_offsets_of_a_lost_log_are_never_committed_past_what_the_new_log_handed_out(stack, settings, tmp_path):
     """A consumer computed offsets in the log a broker lost; committed to the broker that replaced it,
@@ -197,6 +198,7 @@ def test_offsets_of_a_lost_log_are_never_committed_past_what_the_new_log_handed_
     assert [d.offset for d in rest] == list(range(5, 20))  # none skipped (unclipped: 12 onwards)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_a_trainer_resumes_from_its_past_after_the_broker_lost_its_log(stack, settings, tmp_path):
     """v0 and v1 are in the ledger, v2 only in the trainer's outbox when the broker dies: the trainer
