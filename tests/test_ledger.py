@@ -100,7 +100,10 @@ def test_writer_killed_with_sigkill_loses_nothing_duplicates_nothing(settings, t
     assert len(ids) == len(set(ids)), "duplicated events in the ledger"
     assert set(ids) == set(produced), f"lost {len(set(produced) - set(ids))} events"
     assert row.lost == 0 and row.duplicated == 0
-    assert not list((tmp_path / "ledger").rglob("*.tmp"))
+    # A receipt cut short is left to the sweep of its minute (`pipeline.receipts`, 10 min): readers
+    # take only `.json` receipts, and which writer a temporary is of, live or dead, is unknown.
+    leftovers = [p for p in (tmp_path / "ledger").rglob("*.tmp") if "_receipts" not in p.parts]
+    assert leftovers == []
 
 
 def test_two_writers_share_the_log_and_one_sigkilled_mid_file_loses_and_duplicates_nothing(settings, tmp_path):
