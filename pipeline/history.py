@@ -9,7 +9,7 @@ confirmed; every event a producer sent is in at least one of the three.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from pydantic import ValidationError
 
@@ -27,12 +27,9 @@ def sent_events(settings: StackSettings, run_id: str, topic: Topic, models: Sequ
     """The run's events of `models` (all on `topic`), each once: the ledger's, the log's, and what the
     outbox of the producer `client_id` still holds (sent to a broker that then lost it, and not yet
     in the ledger)."""
-    found: dict[str, Event] = {}
-    for model in models:
-        table = patiently(lambda name=model.__name__: read_events(settings, run_id, name),
-                          f"reading the run's {model.__name__} events from the ledger")
-        found.update((e.event_id, e) for e in table_to_events(table, model))
-    found.update((e.event_id, e) for e in read_log(settings, topic) if e.run_id == run_id and isinstance(e, tuple(models)))
+    wanted = tuple(models)
+    found = {e.event_id: e for e in _ledger_past(settings, run_id, models)}
+    found.update((e.event_id, e) for e in read_log(settings, topic) if e.run_id == run_id and isinstance(e, wanted))
     path = outbox_path(settings, client_id) if client_id else None
     if path is not None and path.exists():
         box = Outbox(path)
@@ -44,7 +41,7 @@ def sent_events(settings: StackSettings, run_id: str, topic: Topic, models: Sequ
                     event = decode_event(p.value)
                 except ValidationError:  # not an event (a dead letter's copy): not part of the run's past
                     continue
-                if event.run_id == run_id and isinstance(event, tuple(models)):
+                if event.run_id == run_id and isinstance(event, wanted):
                     found.setdefault(event.event_id, event)
         finally:
             box.close()
@@ -56,16 +53,21 @@ def follow_run(settings: StackSettings, topic: Topic, run_id: str, models: Seque
                client_id: str) -> None:
     """`pipeline.bus.follow` of the run's `models` on `topic`, the ledger's past first; each event once
     (a broker that lost its log is read again from its start, where outboxes resend what it lost)."""
-    seen: set[str] = set()
+    wanted, seen = tuple(models), set()
 
     def once(e: Event) -> None:
-        if isinstance(e, tuple(models)) and e.event_id not in seen:
+        if isinstance(e, wanted) and e.event_id not in seen:
             seen.add(e.event_id)
             on_event(e)
 
+    for e in _ledger_past(settings, run_id, models):
+        once(e)
+    follow(settings, topic, run_id, once, stop, producer, client_id=client_id)
+
+
+def _ledger_past(settings: StackSettings, run_id: str, models: Sequence[type[Event]]) -> Iterator[Event]:
+    """The run's events of `models` in the ledger (waiting out a store that is down or full)."""
     for model in models:
         table = patiently(lambda name=model.__name__: read_events(settings, run_id, name),
                           f"reading the run's {model.__name__} events from the ledger")
-        for e in table_to_events(table, model):
-            once(e)
-    follow(settings, topic, run_id, once, stop, producer, client_id=client_id)
+        yield from table_to_events(table, model)
