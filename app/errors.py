@@ -28,6 +28,8 @@ would not start (its message says why)."""
 
 def user_error(exc: BaseException) -> tuple[str, int] | None:
     """(one-line message, exit code) if `exc` is a user's mistake; None for a bug (keep its traceback)."""
+    if _no_broker(exc):
+        return _message(exc), 2
     for (module, name), code in MISTAKES.items():
         cls = getattr(sys.modules.get(module), name, None)
         if cls is not None and isinstance(exc, cls):
@@ -35,8 +37,14 @@ def user_error(exc: BaseException) -> tuple[str, int] | None:
     return None
 
 
+def _no_broker(exc: BaseException) -> bool:
+    """kafka-python 3 says it with a timeout, not `NoBrokersAvailable`; other timeouts stay bugs."""
+    timeout = getattr(sys.modules.get("kafka.errors"), "KafkaTimeoutError", None)
+    return timeout is not None and isinstance(exc, timeout) and "Unable to bootstrap" in str(exc)
+
+
 def _message(exc: BaseException) -> str:
-    if type(exc).__name__ == "NoBrokersAvailable":
+    if type(exc).__name__ == "NoBrokersAvailable" or _no_broker(exc):
         from pipeline.settings import StackSettings
 
         return (f"no Kafka broker answers at {StackSettings().kafka_bootstrap}: start the local stack "

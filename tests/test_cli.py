@@ -234,6 +234,18 @@ def test_users_mistakes_end_in_one_line_and_an_exit_code(ledger, tmp_path, monke
     assert len(_mistakes(ledger, tmp_path)) >= 15
 
 
+def test_no_broker_is_a_users_mistake_and_other_kafka_timeouts_stay_bugs():
+    """kafka-python 3 reports a broker that never answered (`awrl train` with no stack, after ~35 s) as
+    a timeout; it is told in one line, while a timeout with a broker up keeps its traceback."""
+    from kafka.errors import KafkaTimeoutError
+
+    from app.errors import user_error
+
+    message, code = user_error(KafkaTimeoutError("Unable to bootstrap from [('127.0.0.1', 9092)]"))
+    assert code == 2 and message.startswith("no Kafka broker answers at ")
+    assert user_error(KafkaTimeoutError("Failed to update metadata after 60.0 secs.")) is None
+
+
 def test_an_unreachable_store_is_one_line_too(tmp_path):
     env = {"PATH": "/usr/bin:/bin", "AWRL_S3_ACCESS_KEY": "unused", "AWRL_S3_SECRET_KEY": "unused", "AWRL_S3_ENDPOINT": "127.0.0.1:1"}
     out = subprocess.run([sys.executable, "-m", "app.cli", "sql", "SELECT 1"], cwd=tmp_path, env=env,
