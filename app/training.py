@@ -183,6 +183,13 @@ class RunSummary:
     """The ledger writer's CPU time as a share of the workers' episode time (None where /proc is absent)."""
     stopped: str = ""
     """Why the run ended before its budget ('' when it ran it out), e.g. starvation's cause."""
+    groups_completed: int = 0
+    """Groups the pool completed (the ledger's `groups`)."""
+    informative_share: float | None = None
+    """Of them, the share whose rewards were not all equal: what dynamic sampling keeps
+    (`analysis.informative`)."""
+    informative_per_minute: float | None = None
+    """Informative groups per minute, from the run's first dispatched group to its last completed one."""
 
     @property
     def trajectories_per_hour(self) -> float:
@@ -239,6 +246,7 @@ def run_training(settings: StackSettings, config: RunConfig, on_progress=None, r
         try:
             schedule = _run_async if config.mode == "async" else _run_sync
             schedule(settings, config, run_id, progress, deadline, trainer)
+            _catch_up(progress, trainer, config.train.max_updates)
         finally:
             seconds = time.monotonic() - progress.started
             stop.set()
@@ -246,6 +254,7 @@ def run_training(settings: StackSettings, config: RunConfig, on_progress=None, r
             ledger_cpu_s = _cpu_seconds(ledger.pid)
             launch.stop(ledger)
     LedgerWriter(settings).sync(idle_exit_s=3.0)  # drain: the whole run is in the ledger
+    informative = _informative_groups(settings, run_id)
     producer.close()
     if tensorboard:
         tensorboard.finish()
@@ -253,7 +262,20 @@ def run_training(settings: StackSettings, config: RunConfig, on_progress=None, r
     return RunSummary(run_id, config.mode, seconds, progress.episodes, progress.successes, progress.steps,
                       len(progress.updates), progress.version, progress.dropped, progress.trainer_idle,
                       progress.staleness, progress.record_s / busy,
-                      None if ledger_cpu_s is None else ledger_cpu_s / busy, progress.stopped)
+                      None if ledger_cpu_s is None else ledger_cpu_s / busy, progress.stopped,
+                      informative.groups, informative.share, informative.per_minute)
+
+
+def _informative_groups(settings: StackSettings, run_id: str):
+    """The run's informative groups from the drained ledger (`analysis/sql/informative_groups.sql`)."""
+    from analysis.informative import informative_groups
+    from analysis.ledger import connect
+
+    con = connect(settings, run_id=run_id)
+    try:
+        return informative_groups(con, run_id)
+    finally:
+        con.close()
 
 
 TENSORBOARD_EVERY_S = 15.0
@@ -374,6 +396,20 @@ def _wait_for_trainer(progress: RunProgress, version: int, dispatched: int, batc
             return batch - held
         time.sleep(0.2)
     return 0
+
+
+CATCH_UP_S = 60.0
+"""How long a run whose trainer finished its `max_updates` waits for their events to reach its progress."""
+
+
+def _catch_up(progress: RunProgress, trainer, max_updates: int | None) -> None:
+    """A trainer that made its last update exits as soon as its events are acknowledged, which can be
+    before the run's follower has read them: wait for them, so the summary counts every update."""
+    if max_updates is None or trainer.poll() != 0:
+        return
+    deadline = time.monotonic() + CATCH_UP_S
+    while len(progress.updates) < max_updates and time.monotonic() < deadline:
+        time.sleep(0.2)
 
 
 def _tick(progress: RunProgress, stop: threading.Event, on_progress) -> None:

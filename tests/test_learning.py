@@ -8,7 +8,8 @@ not minutes, so a loaded machine cannot fail it.
 The `boxes` suite draws its screens itself (no browser), everything else is production: episodes on
 the real broker and object store, the ledger, `GroupAssembler` and `trainer.advantages`, decoupled
 PPO with multi-step GRPO under torchrun, `PolicyVersionPublished` and the pool's in-place refresh.
-The warm start clones demonstrations of "click any box", so on "click the red box" it is at chance
+The warm start clones demonstrations that name a colour and click a box drawn uniformly (the `named`
+template), so on "click the red box" it is at chance
 (about 1/4, four boxes). RL must then raise held-out success (192 episodes a point) by at least 0.2
 absolute; the same run with each group's rewards shuffled must not rise. A sign, token-alignment,
 version or normaliser bug in the learning path makes the first fail (or the second, for a bug that
@@ -58,10 +59,11 @@ def learned(module_settings, boxes_warm_start, tmp_path_factory):
     out = tmp_path_factory.mktemp("learning")
     print(f"\ncontrolled learning test, {RUN} (AWRL_TEST_SEED={SEED} repeats it)")
     # one held-out point after RL; the control is measured from the real run's SFT point and given
-    # half its updates (the least a fair control may have): the pair costs what the 3-minute pair did
+    # half its updates (the least a fair control may have): the pair costs what the 3-minute pair did.
+    # No sharpening baselines: the bounds below are on RL - SFT, and each baseline costs an evaluation
     real = run_learning(settings, replace(controlled(f"ctl-{uuid.uuid4().hex[:6]}", out, warm_start=boxes_warm_start,
                                                      target=TARGET, seed=SEED), rl_eval_points=1,
-                                        eval_episodes=EVAL_EPISODES))
+                                        eval_episodes=EVAL_EPISODES, sharpening=()))
     control = run_learning(settings, replace(
         controlled(f"{real.run_id}-shuffled", out, control="shuffled_rewards", warm_start=boxes_warm_start,
                    target=TARGET, seed=SEED, rl_updates=CONTROLLED_UPDATES // 2),
@@ -98,8 +100,9 @@ def test_a_starving_run_stops_and_names_the_cause(settings, tmp_path):
 
     rollout = RolloutRequest(suite="boxes", policy="local", templates=("red",), workers=2, group_size=4,
                              episodes=None, episode=EpisodeConfig(som=True, max_invalid_streak=1))
-    summary = run_training(settings, RunConfig(minutes=5, rollout=rollout, patience=8, log_dir=tmp_path,
+    # the patience (8 groups) is the budget; the minutes only a cap the run must not reach
+    summary = run_training(settings, RunConfig(minutes=20, rollout=rollout, patience=8, log_dir=tmp_path,
                                                train=TrainConfig(run_id="", groups_per_update=2)))
-    assert summary.version == 0 and summary.seconds < 4 * 60, summary
+    assert summary.version == 0, summary
     assert summary.stopped.startswith("starving: the last 8 groups") and "(invalid output:" in summary.stopped
     assert "starving:" in (tmp_path / summary.run_id / "trainer.log").read_text()

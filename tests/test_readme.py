@@ -4,7 +4,7 @@ embedded stack that `make demo` starts and the README's last block stops.
 
 The one thing given from outside is the demo's budget, through `DEMO_ARGS` (which the README documents
 and the Makefile reads): the controlled boxes task from the session's shared warm start (the
-`boxes_warm_start` fixture, also used by test_learning.py and test_vllm_live.py), 1.5 minutes of RL and
+`boxes_warm_start` fixture, also used by test_learning.py and test_vllm_live.py), 8 optimizer steps of RL and
 small evaluations, so that the walk costs about 3 minutes yet trains real versions that replay can
 check bit for bit. `make demo` itself, the CLI verbs and their output formats are what the README says.
 """
@@ -46,7 +46,7 @@ def test_readme_walk(boxes_warm_start, tmp_path):
     blocks = walked_blocks()
     script = "set -euo pipefail\n" + "".join(f"echo '>>> block {i}'\n{b}" for i, b in enumerate(blocks))
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWRL_") and k != "DEMO_ARGS"}
-    env["DEMO_ARGS"] = (f"--config controlled --warm-start {boxes_warm_start} --rl-minutes 1.5 "
+    env["DEMO_ARGS"] = (f"--config controlled --warm-start {boxes_warm_start} --rl-updates 8 --rl-minutes 15 "
                         "--eval-episodes 8 --rl-eval-points 1")
     try:
         out = subprocess.run(["bash", "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True,
