@@ -16,8 +16,9 @@ from analysis.ledger import sql
 
 OUTCOMES = ("success", "failure", "env_error", "running")
 """The trajectory table's outcome filter; `running` is a trajectory with no EpisodeFinished yet."""
-CURVE_COLUMNS = ("approx_kl", "clip_frac", "kl_ref", "staleness_mean", "grad_norm", "loss")
-"""Per-update statistics drawn as curves by version (the keys of `UpdateApplied.stats`, and two columns)."""
+CURVE_COLUMNS = ("approx_kl", "clip_frac", "kl_ref", "staleness_mean", "mismatch_k3", "grad_norm", "loss")
+"""Per-update statistics drawn as curves by version (the keys of `UpdateApplied.stats`, and columns of
+the `updates` view: `mismatch_k3` is the sampler-vs-trainer KL on fresh tokens, `trainer/mismatch.py`)."""
 
 
 def page_path(run_id: str | None = None, kind: str | None = None, key: str | int | None = None) -> str:
@@ -68,7 +69,7 @@ def version_curves(con: duckdb.DuckDBPyConnection, run_id: str) -> dict[str, lis
             con, "SELECT policy_version, success_rate FROM evaluations WHERE run_id = $r AND split <> 'train' "
                  "ORDER BY evaluated_at", {"r": run_id})]
     updates = rows(con, "SELECT version_after, loss, grad_norm, clip_frac, staleness_mean, stats['approx_kl'] "
-                        "AS approx_kl, stats['kl_ref'] AS kl_ref FROM updates WHERE run_id = $r "
+                        "AS approx_kl, stats['kl_ref'] AS kl_ref, mismatch_k3 FROM updates WHERE run_id = $r "
                         "ORDER BY update_step", {"r": run_id})
     for column in CURVE_COLUMNS:
         series[column] = [(u["version_after"], u[column]) for u in updates if u[column] is not None]

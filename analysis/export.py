@@ -9,7 +9,9 @@ Both are derived from the ledger and never feed back into it: export again and t
 Scalars written (step = update step for `update/*`, policy version for the rest):
 - `update/loss`, `update/grad_norm`, `update/duration_s`, `update/wait_s`, `update/compute_s` and
   `update/<key>` for every key of the update's statistics (`approx_kl`, `clip_frac`, `kl_ref`,
-  `staleness_mean`, ...), each update once, in update order;
+  `staleness_mean`, ...), each update once, in update order; the sampler-vs-trainer mismatch
+  (`trainer/mismatch.py`) as `mismatch/<name>` from the `updates` view's `mismatch_<name>` columns
+  (`mismatch/k3`, `mismatch/ratio_max`, `mismatch/stale_k3`, ...), none where the view has NULL;
 - `rollout/success_rate` (`success_by_version`) and `rollout/env_steps_per_s` per policy version, once
   the version is superseded (until then more of its trajectories can finish, and TensorBoard keeps
   every point written);
@@ -29,6 +31,8 @@ from analysis.browse import rows
 from pipeline.store import ScreenshotCorrupted, ScreenshotMissing
 
 UPDATE_COLUMNS = ("loss", "grad_norm", "duration_s", "wait_s", "compute_s")
+MISMATCH = "mismatch_"
+"""Prefix of the `updates` view's sampler-vs-trainer columns, written under TensorBoard's `mismatch/`."""
 IMAGE = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
 """The storage of the `datasets` library's Image feature: such a column loads as PIL images there."""
 
@@ -62,13 +66,18 @@ class TensorBoardExport:
 
     def _updates(self, con) -> int:
         n = 0
-        for u in rows(con, f"SELECT update_step, stats, applied_at, {', '.join(UPDATE_COLUMNS)} FROM updates "
+        for u in rows(con, f"SELECT update_step, stats, applied_at, {', '.join(UPDATE_COLUMNS)}, "
+                           f"COLUMNS('^{MISMATCH}') FROM updates "
                            "WHERE run_id = $r AND update_step > $after ORDER BY update_step",
                       {"r": self.run_id, "after": self.last_update}):
             for column in UPDATE_COLUMNS:
                 n += self._scalar(f"update/{column}", u[column], u["update_step"], u["applied_at"])
             for key, value in sorted((u["stats"] or {}).items()):
-                n += self._scalar(f"update/{key}", value, u["update_step"], u["applied_at"])
+                if not key.startswith(MISMATCH):
+                    n += self._scalar(f"update/{key}", value, u["update_step"], u["applied_at"])
+            for column in sorted(c for c in u if c.startswith(MISMATCH)):
+                n += self._scalar(f"mismatch/{column.removeprefix(MISMATCH)}", u[column], u["update_step"],
+                                  u["applied_at"])
             self.last_update = u["update_step"]
         return n
 

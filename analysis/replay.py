@@ -66,6 +66,9 @@ VARIANTS: dict[str, dict[str, object]] = {
     "constant": {"grpo.normalizer": "constant"},
     "1/k": {"grpo.normalizer": "constant"},
     "token": {"grpo.normalizer": "token"},
+    "dr-grpo": {"grpo.normalizer": "token", "grpo.scale_by_std": False},
+    "action-tokens": {"tokens.pg": "action"},
+    "action-tokens-scaffold-kl": {"tokens.pg": "action", "tokens.kl": "scaffold"},
     "raft": {"loss": "raft"},
     "tight-clip": {"ppo.eps_low": 0.1, "ppo.eps_high": 0.1},
     "no-dual-clip": {"ppo.dual_clip": 1e9},
@@ -134,12 +137,12 @@ class RunLedger:
                 by_version[u.version_before].append(u)
         return [by_version[v] for v in sorted(by_version)]
 
-    def groups(self, group_ids: list[str], control: str = "none") -> list[TrainGroup]:
+    def groups(self, group_ids: list[str], control: str = "none", scale_by_std: bool = True) -> list[TrainGroup]:
         """The named groups as the trainer assembled them (its own fold over the same events)."""
         out = []
         for gid in group_ids:
             completed = self._groups[gid]
-            fold = GroupAssembler(self.run_id, control)
+            fold = GroupAssembler(self.run_id, control, scale_by_std)
             for tid in completed.trajectory_ids:
                 for s in self._steps[tid]:
                     fold.add(s)
@@ -232,7 +235,7 @@ def replay_batch(ledger: RunLedger, recorded: list[UpdateApplied], overrides: di
     torch.set_num_threads(int(first.stats.get("threads", 1 if world > 1 else torch.get_num_threads())))
     model, tokenizer, processor, optimizer = ledger.start(first.version_before, config, world)
     scorer = Scorer(model, tokenizer, processor, suppressed_token_ids(tokenizer), ledger.fetch)
-    minibatches = [ledger.groups(u.group_ids, config.control) for u in recorded]
+    minibatches = [ledger.groups(u.group_ids, config.control, config.grpo.scale_by_std) for u in recorded]
     flat = [flatten(mb) for mb in minibatches]
     shards = [[shard(samples, r, world) for r in range(world)] for samples, _ in flat]
     proximal = ([[response_logprobs(scorer, s, config.temperature) for s in ranks] for ranks in shards]

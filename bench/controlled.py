@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/controlled.py [--targets red,blue,green,black,colour] [--seeds 3]
         [--first-seed 0] [--controls] [--warm-start DIR] [--rl-updates 80] [--rl-minutes 20] [--kl-coef 0]
+        [--train KEY=VALUE ...] [--probe]
 
 Each run is `tests/test_learning.py`'s real run (`app.learning.controlled`) on one local stack: RL on
 "click the <target> box" (or `colour`: the colour the instruction names) from a warm start at chance,
@@ -10,7 +11,10 @@ box", SFT) is built once and shared by every run, or taken from `--warm-start`. 
 run's shuffled-rewards control. RL is budgeted by `--rl-updates`; `--rl-minutes` is only a cap, wider
 than the test's 10 so that a long run (`colour`, 160 steps) ends by updates, as its control does.
 `--kl-coef` sets the controlled configuration's KL penalty to the warm start (`TrainConfig.kl_coef`;
-the configuration's own, 1, without it). A run *collapses* when its final success is below its warm start.
+the configuration's own, 1, without it); `--train KEY=VALUE` sets any field of the RL stage's
+`TrainConfig` (dotted, JSON values: `--train tokens.pg=action --train lr=3e-4 --train ppo_epochs=4`).
+`--probe` runs `analysis.probe.colour_probe` on the warm start and on each run's final version (does the
+mark depend on the instruction's colour word?). A run *collapses* when its final success is below its warm start.
 Prints the table and the collapse rate, draws success on the training tasks against policy version
 for every run (bench/out/controlled.png), writes bench/out/controlled.json. Each run writes its
 checkpoints to a bucket of its own, removed once its row is taken (a version with its optimizer state is
@@ -34,17 +38,26 @@ OUT = Path(__file__).parent / "out"
 
 
 def main(targets: str = "red,blue,green,black,colour", seeds: int = 3, first_seed: int = 0, controls: bool = False,
-         warm_start: Path | None = None, rl_updates: int = 80, rl_minutes: float = 20.0, kl_coef: float | None = None) -> None:
+         warm_start: Path | None = None, rl_updates: int = 80, rl_minutes: float = 20.0, kl_coef: float | None = None,
+         train: list[str] = typer.Option([], help="KEY=VALUE: a TrainConfig field of the RL stage"),
+         probe: bool = False, tag: str = "") -> None:
     from analysis import connect
+    from analysis.probe import colour_probe
+    from analysis.replay import parse_overrides
+    from app.learning import _published
     from analysis.curves import compare_versions_png, success_by_version
     from app.learning import controlled, controlled_warm_start, run_learning
+    from pipeline.checkpoints import CheckpointStore
     from pipeline.store import ScreenshotStore, remove_bucket
 
     rows, curves = [], {}
-    tag = f"-kl{kl_coef:g}" if kl_coef is not None else ""
+    tag = tag or (f"-kl{kl_coef:g}" if kl_coef is not None else "")
+    overrides = parse_overrides(None, train)
     with local_stack() as (_, settings, d):
         if warm_start is None:
             warm_start = controlled_warm_start(settings, d, say=console.print)
+        if probe:
+            console.print(f"probe of the warm start {warm_start}: {colour_probe(warm_start)}")
         arms = ("none", "shuffled_rewards") if controls else ("none",)
         for seed in range(first_seed, first_seed + seeds):
             for target in targets.split(","):
@@ -56,8 +69,14 @@ def main(targets: str = "red,blue,green,black,colour", seeds: int = 3, first_see
                     config = controlled(run_id, d, control=control, warm_start=warm_start, target=target,
                                         rl_updates=rl_updates, rl_minutes=rl_minutes, seed=seed)
                     if kl_coef is not None:
-                        config = replace(config, train=config.train.model_copy(update={"kl_coef": kl_coef}))
+                        overrides["kl_coef"] = kl_coef
+                    config = replace(config, train=_with(config.train, overrides))
                     run = run_learning(own, config, say=console.print)
+                    probed = None
+                    if probe:
+                        versions = _published(own, run_id)
+                        probed = colour_probe(CheckpointStore.from_settings(own).download(versions[max(versions)]))
+                        console.print(f"probe of {run_id}'s final version: {probed}")
                     curves[run_id] = success_by_version(connect(settings), run_id)
                     remove_bucket(own)
                     sft, rl = run.point("sft"), run.point("rl")
@@ -65,6 +84,7 @@ def main(targets: str = "red,blue,green,black,colour", seeds: int = 3, first_see
                                  "sft": sft.rate, "rl": rl.rate, "change": rl.rate - sft.rate,
                                  "versions": run.rl.version, "updates": run.rl.updates, "episodes": run.rl.episodes,
                                  "points": [(p.stage, p.policy_version, p.rate) for p in run.points],
+                                 "probe": None if probed is None else vars(probed), "train": overrides,
                                  "seconds": time.monotonic() - t0})
                     console.print(rows[-1])
     OUT.mkdir(exist_ok=True)
@@ -82,6 +102,18 @@ def main(targets: str = "red,blue,green,black,colour", seeds: int = 3, first_see
     collapsed = [r["run"] for r in real if r["rl"] < r["sft"]]
     console.print(f"collapses: {len(collapsed)} of {len(real)} runs {collapsed}; smallest rise "
                   f"{min(r['change'] for r in real):+.2f} (the goal: >= +0.40 on every run)")
+
+
+def _with(config, overrides: dict):
+    """`config` (a TrainConfig) with dotted keys set, validated like any config."""
+    doc = json.loads(config.model_dump_json())
+    for key, value in overrides.items():
+        *path, leaf = key.split(".")
+        node = doc
+        for part in path:
+            node = node[part]
+        node[leaf] = value
+    return type(config).model_validate(doc)
 
 
 if __name__ == "__main__":

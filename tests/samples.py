@@ -114,6 +114,12 @@ def stored_sha256(settings, version) -> str:
     return weights_sha256(load_file(directory / "model.safetensors"))
 
 
+MISMATCH = {"mismatch_tokens": 40.0, "mismatch_nonfinite": 0.025, "mismatch_k1": 0.0011, "mismatch_k2": 0.0012,
+            "mismatch_k3": 0.0013, "mismatch_ratio_min": 0.8, "mismatch_ratio_max": 1.5, "mismatch_ratio_tail": 0.0,
+            "mismatch_stale_tokens": 0.0, "mismatch_stale_k3": 0.0}
+"""The viewable run's sampler-vs-trainer statistics (`trainer.mismatch`): fresh tokens only."""
+
+
 def write_viewable_run(settings, run_id: str, groups: int = 2, group_size: int = 4, steps: int = 5,
                        screenshots: int = 6) -> dict[str, list]:
     """A run a person could look at: `screenshots` rendered pages in the store, `groups` finished groups
@@ -131,8 +137,8 @@ def write_viewable_run(settings, run_id: str, groups: int = 2, group_size: int =
                                       checkpoint_sha256="0" * 64, update_step=v - 1 if v else None) for v in (0, 1)]
     events.append(UpdateApplied(run_id=run_id, update_step=0, version_before=0, version_after=1,
                                 group_ids=[f"g{g}" for g in range(groups)], trajectory_ids=trained, loss=0.5,
-                                grad_norm=1.0, stats={"clip_frac": 0.1, "approx_kl": 0.01}, config_json="{}",
-                                weights_sha256="1" * 64, duration_s=0.2, world_size=1))
+                                grad_norm=1.0, stats={"clip_frac": 0.1, "approx_kl": 0.01, **MISMATCH},
+                                config_json="{}", weights_sha256="1" * 64, duration_s=0.2, world_size=1))
     by_type: dict[str, list] = {}
     for e in events:
         by_type.setdefault(type(e).__name__, []).append(e)

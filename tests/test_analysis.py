@@ -87,8 +87,10 @@ def run_r1() -> list:
         group("r1", "g1", ["A", "B"], [1.0, 0.0], ["success", "failure"], [2, 4]),
         group("r1", "g2", ["C", "D"], [0.0, 0.0], ["failure", "env_error"], [3, 1]),
         update("r1", 0, 3, ["A", "B"], {"clip_frac": 0.1}),
-        update("r1", 1, 4, ["A"], {"clip_frac": 0.3, "kl": 0.01}),
-        update("r1", 2, 5, ["C"], {"kl": 0.02}),  # reported no clip fraction
+        update("r1", 1, 4, ["A"], {"clip_frac": 0.3, "kl": 0.01, "mismatch_tokens": 8.0, "mismatch_nonfinite": 0.0,
+                                   "mismatch_k3": 0.002, "mismatch_stale_tokens": 2.0, "mismatch_stale_k3": 0.05}),
+        update("r1", 2, 5, ["C"], {"kl": 0.02, "mismatch_tokens": 0.0, "mismatch_nonfinite": 0.0, "mismatch_k3": 0.0,
+                                   "mismatch_stale_tokens": 3.0, "mismatch_stale_k3": 0.07}),  # no clip fraction
     ]
 
 
@@ -212,6 +214,10 @@ def test_groups_view_uses_the_trainers_advantages(con):
 def test_updates_and_step_views(con):
     assert con.execute("SELECT update_step, clip_frac, num_trajectories FROM updates WHERE run_id = 'r1' "
                        "ORDER BY update_step").fetchall() == [(0, 0.1, 2), (1, 0.3, 1), (2, None, 1)]
+    # the sampler-vs-trainer columns: NULL before they were recorded (0) and without fresh tokens (2)
+    assert con.execute("SELECT update_step, mismatch_tokens, mismatch_k3, mismatch_stale_k3 FROM updates "
+                       "WHERE run_id = 'r1' ORDER BY update_step").fetchall() == [
+        (0, None, None, None), (1, 8.0, 0.002, 0.05), (2, 0.0, None, 0.07)]
     assert con.execute("SELECT memory_keys, num_keys, response_tokens FROM steps WHERE trajectory_id = 'B' "
                        "AND step = 2").fetchall() == [(["current_page", "kettle", "step_1"], 3, 1)]
 

@@ -11,7 +11,7 @@ from pipeline.ledger import LedgerWriter, read_events
 from rollout.episode import EpisodeConfig
 from rollout.run import RolloutRequest, run_rollout
 from rollout.suites.boxes import BoxesSuite, layout, make_task
-from rollout.suites.boxes.suite import BOXES, COLOURS, PALETTE, SIZE
+from rollout.suites.boxes.suite import BOXES, COLOURS, PALETTE, SIZE, thought
 from schemas import Action
 
 
@@ -29,7 +29,8 @@ def test_splits_do_not_share_seeds():
     suite = BoxesSuite()
     train, test = suite.tasks("train"), suite.tasks("test")
     colours = {"red", "blue", "green", "black"}
-    assert {t.template for t in train} == {"colour", "any", *colours} and {t.template for t in test} == {"colour", *colours}
+    assert {t.template for t in train} == {"colour", "any", "named", *colours}
+    assert {t.template for t in test} == {"colour", *colours}
     assert not {t.seed for t in train} & {t.seed for t in test}
     task = make_task("colour", 5, "train")
     assert task.instruction == f"Click the {task.judge['target']} box."
@@ -69,6 +70,18 @@ def test_the_screen_draws_the_boxes_and_judges_the_first_action():
 def test_any_box_is_right_for_the_any_template():
     task = make_task("any", 2, "train")
     assert all(_episode(task, Action(kind="click", mark=m.id), som=True)[3].success for m in layout(2).marks)
+
+
+def test_named_demonstrations_read_the_colour_but_pick_the_box_at_random():
+    """The controlled warm start's demonstrations: the instruction names a colour (as `colour`'s does,
+    from the same seed), the oracle's thought restates it, and its box is uniform whatever the colour."""
+    tasks = [make_task("named", s, "train") for s in range(400)]
+    assert all(t.instruction == make_task("colour", t.seed, "train").instruction for t in tasks)
+    assert all(thought(t) == f"click the {t.judge['named']} box" for t in tasks)
+    assert all(_episode(tasks[0], Action(kind="click", mark=m.id), som=True)[3].success for m in layout(0).marks)
+    same = sum(t.judge["target"] == t.judge["named"] for t in tasks) / len(tasks)
+    assert 0.17 < same < 0.33, same  # the box the oracle clicks is the named one a quarter of the time
+    assert thought(make_task("any", 1, "train")) == "click a box"
 
 
 def test_oracle_episodes_through_the_pool_need_no_browser(settings, monkeypatch):

@@ -138,6 +138,10 @@ def test_trainer_log_probs_equal_the_samplers_and_the_proximal_pass():
     assert (tokens["logprobs"] - tokens["behave"]).abs().max() < 1e-4
     stats = update_stats(tokens, config)
     assert stats["behave_weight_mean"] == pytest.approx(1.0, abs=1e-4) and stats["dropped_tokens"] == 0
+    # every token fresh (sampled by version 0, scored at 0): the sampler-vs-trainer mismatch is rounding
+    assert stats["mismatch_tokens"] == tokens["logprobs"].numel() and stats["mismatch_stale_tokens"] == 0
+    assert stats["mismatch_nonfinite"] == 0 and 0 <= stats["mismatch_k3"] < 1e-8 and stats["mismatch_ratio_tail"] == 0
+    assert 1 - 1e-4 < stats["mismatch_ratio_min"] <= stats["mismatch_ratio_max"] < 1 + 1e-4
     # the proximal log-probs of a separate no-grad pass equal this forward's detached values, bit for bit
     assert torch.equal(torch.cat(response_logprobs(scorer, samples, 1.0)), tokens["logprobs"])
 

@@ -243,11 +243,19 @@ def test_tensorboard_export_reads_back_as_the_updates_view(viewed, tmp_path):
     events = EventAccumulator(str(tmp_path / run_id))
     events.Reload()
     con = connect(settings.ledger_uri)
-    for step, loss, grad_norm, stats in con.execute(
-            "SELECT update_step, loss, grad_norm, stats FROM updates WHERE run_id = $r", {"r": run_id}).fetchall():
-        expect = {"update/loss": loss, "update/grad_norm": grad_norm, **{f"update/{k}": v for k, v in stats.items()}}
+    cursor = con.execute("SELECT update_step, loss, grad_norm, stats, COLUMNS('^mismatch_') FROM updates "
+                         "WHERE run_id = $r", {"r": run_id})
+    names = [d[0] for d in cursor.description]
+    for step, loss, grad_norm, stats, *mismatch in cursor.fetchall():
+        expect = {"update/loss": loss, "update/grad_norm": grad_norm,
+                  **{f"update/{k}": v for k, v in stats.items() if not k.startswith("mismatch_")},
+                  **{f"mismatch/{k.removeprefix('mismatch_')}": v
+                     for k, v in zip(names[4:], mismatch) if v is not None}}
+        assert {"mismatch/k3", "mismatch/ratio_max", "mismatch/stale_tokens"} <= set(expect)
         for tag, value in expect.items():
             assert [(e.step, e.value) for e in events.Scalars(tag)] == [(step, pytest.approx(value, rel=1e-6))]
+    tags = set(events.Tags()["scalars"])
+    assert "mismatch/stale_k3" not in tags and not any(t.startswith("update/mismatch") for t in tags)  # NULL: none
     training = con.execute("SELECT policy_version, success_rate FROM success_by_version WHERE run_id = $r "
                            "AND policy_version < 1", {"r": run_id}).fetchall()  # v0 is superseded by v1
     assert [(e.step, pytest.approx(e.value)) for e in events.Scalars("rollout/success_rate")] == training
@@ -281,6 +289,18 @@ def test_dataset_export_loads_with_pyarrow_and_datasets(viewed, tmp_path):
     loaded = datasets.load_dataset("parquet", data_dir=str(out), split="train")
     assert len(loaded) == good and loaded[0]["image"].size == (1280, 720)
     assert set(loaded.column_names) >= {"trajectory_id", "step", "outcome", "reward", "advantage", "image"}
+
+
+def test_the_update_page_shows_the_sampler_trainer_mismatch(viewed, page):
+    from samples import MISMATCH
+
+    settings, run_id, base, _ = viewed
+    page.goto(f"{base}/runs/{run_id}/updates/0")
+    fresh = page.locator("#mismatch-fresh td").all_inner_texts()
+    assert fresh == ["fresh", "40"] + [f"{MISMATCH[f'mismatch_{k}']:.4g}" for k in
+                                      ("nonfinite", "k1", "k2", "k3", "ratio_min", "ratio_max", "ratio_tail")]
+    assert page.locator("#mismatch-stale td").all_inner_texts()[:2] == ["stale", "0"]
+    assert page.locator("#mismatch-stale td").nth(5).inner_text() == "-"  # no stale token: NULL
 
 
 def test_the_update_page_shows_the_replay_asset_when_there_is_one(viewed, page):

@@ -90,8 +90,8 @@ class _Pending:
 class GroupAssembler:
     """Fold over one run's rollout events; `add` returns a `TrainGroup` when a group completes."""
 
-    def __init__(self, run_id: str, control: str = "none"):
-        self.run_id, self.control = run_id, control
+    def __init__(self, run_id: str, control: str = "none", scale_by_std: bool = True):
+        self.run_id, self.control, self.scale_by_std = run_id, control, scale_by_std
         self._pending: dict[str, _Pending] = {}
         self._held: dict[str, dict[Partition, int]] = {}
         """Groups handed out but not yet trained or dropped: their positions hold back commits."""
@@ -111,8 +111,8 @@ class GroupAssembler:
         del self._pending[group_id]
         self._held[group_id] = pending.first_offsets
         trajectories = [sorted(pending.steps.get(t, []), key=lambda s: s.step) for t in event.trajectory_ids]
-        return TrainGroup(event, trajectories, group_advantages(control_rewards(event, self.control)),
-                          pending.first_offsets)
+        advantages = group_advantages(control_rewards(event, self.control), scale_by_std=self.scale_by_std)
+        return TrainGroup(event, trajectories, advantages, pending.first_offsets)
 
     def release(self, group_id: str) -> None:
         """The group was trained (and published) or dropped: its events may be committed."""
@@ -144,7 +144,7 @@ class BatchBuilder:
         self.config, self.producer = config, producer
         self.consumer = EventConsumer(settings, config.group_id, [ROLLOUT], producer, client_id="trainer")
         self.store = ScreenshotStore.from_settings(settings)
-        self.assembler = GroupAssembler(config.run_id, config.control)
+        self.assembler = GroupAssembler(config.run_id, config.control, config.grpo.scale_by_std)
         self.ready: list[TrainGroup] = []
         self.seen: set[str] = set(skip)
         self.stats = BuilderStats()

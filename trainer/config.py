@@ -8,7 +8,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from trainer.losses import GRPOConfig, PPOConfig
+from trainer.losses import GRPOConfig, PPOConfig, TokenSelection
 
 LossName = Literal["grpo", "raft"]
 
@@ -24,6 +24,9 @@ class TrainConfig(BaseModel):
     """`grpo`: decoupled PPO with group advantages; `raft`: RAFT++, successes only."""
     ppo: PPOConfig = PPOConfig()
     grpo: GRPOConfig = GRPOConfig()
+    tokens: TokenSelection = TokenSelection()
+    """Which response tokens carry the policy gradient and the KL penalty (`trainer.losses.tokens`):
+    `tokens.pg=action` puts the gradient on the action's values only."""
     groups_per_update: int = Field(default=4, ge=1)
     """Task groups in one optimizer step (the batch)."""
     eta: int = Field(default=2, ge=0)

@@ -25,9 +25,12 @@ import torch
 
 from model.inputs import forward_log_softmax, inputs_from_ids
 from model.policy import load_policy
+from model.response import action_token_mask
 from trainer.batch import TrainGroup
 from trainer.config import TrainConfig
-from trainer.losses import decoupled_ppo_objective, grpo_loss, kl_to_reference, raft_advantages, token_weights
+from trainer.losses import (decoupled_ppo_objective, grpo_loss, kl_to_reference, raft_advantages, select_tokens,
+                            token_weights)
+from trainer.mismatch import mismatch_stats
 
 
 @dataclass(frozen=True)
@@ -167,20 +170,25 @@ def accumulate_gradients(scorer: Scorer, samples: list[StepSample], num_trajecto
         dev = logprobs.device
         behave = torch.tensor(s.behave_logprobs, dtype=logprobs.dtype, device=dev)  # [n]
         success = torch.full((n,), s.success, device=dev)  # [n]
-        mask = torch.ones(n, dtype=torch.bool, device=dev)  # [n]
+        mask, kl_mask = select_tokens(config.tokens, entropy.detach(),
+                                      lambda s=s: action_token_mask(scorer.tokenizer, s.response_token_ids))  # [n], [n]
         advantages = torch.full((n,), s.advantage, dtype=logprobs.dtype, device=dev)  # [n]
-        step_tokens = torch.full((n,), n, device=dev)  # [n] |o_{i,t}|
+        # |o_{i,t}|: the step's response tokens, or its selected ones (a step keeps its whole weight)
+        step_tokens = torch.full((n,), n if config.tokens.pg == "all" else int(mask.sum()), device=dev)  # [n]
         trajectory_steps = torch.full((n,), s.trajectory_steps, device=dev)  # [n] |tau_i|
         if config.loss == "raft":
             advantages, mask = raft_advantages(success, mask)
+            kl_mask = kl_mask & success if config.tokens.kl == "all" else kl_mask
         objective, _ = decoupled_ppo_objective(logprobs, prox, behave, advantages, mask, config.ppo)
         loss, _ = grpo_loss(objective, step_tokens, trajectory_steps, success, num_trajectories, config.grpo)
         w = token_weights(step_tokens, trajectory_steps, num_trajectories, config.grpo, logprobs.dtype)  # [n]
         if config.entropy_coef:
             loss = loss - config.entropy_coef * (w * entropy * mask).sum()
         ref = reference[i] if reference is not None else torch.zeros(0)  # [n] or [0]
-        if config.kl_coef:
-            loss = loss + config.kl_coef * (w * kl_to_reference(logprobs, ref) * mask).sum()
+        if config.kl_coef:  # per token like the objective over the whole response: 1/|o| each
+            w_kl = w if config.tokens.pg == "all" else token_weights(
+                torch.full((n,), n, device=dev), trajectory_steps, num_trajectories, config.grpo, logprobs.dtype)
+            loss = loss + config.kl_coef * (w_kl * kl_to_reference(logprobs, ref) * kl_mask).sum()
         (loss if s.live else loss * 0.0).backward()
         if after_backward is not None:
             after_backward()
@@ -257,8 +265,8 @@ def set_lr(optimizer, config: TrainConfig, update_step: int) -> float:
 
 
 def update_stats(tokens: dict[str, torch.Tensor], config: TrainConfig) -> dict[str, float]:
-    """Batch statistics from all ranks' per-token values (the issue's list, plus staleness), computed
-    as tensors and read in one `tolist`."""
+    """Batch statistics from all ranks' per-token values (the issue's list, plus staleness and the
+    sampler-vs-trainer mismatch, `trainer.mismatch`), computed as tensors and read in one `tolist`."""
     if tokens["logprobs"].numel() == 0:
         return {"tokens": 0.0}
     lp, mask = tokens["logprobs"], tokens["mask"]
@@ -274,6 +282,7 @@ def update_stats(tokens: dict[str, torch.Tensor], config: TrainConfig) -> dict[s
         weight_mass_success=torch.where(success, w, 0.0).sum(),
         staleness_mean=lag.mean(),
         staleness_max=lag.max(),
+        **mismatch_stats(tokens["proximal"], tokens["behave"], tokens["lag"]),
     )
     values = torch.stack([v.double() for v in stats.values()]).tolist()
     return dict(zip(stats, values))

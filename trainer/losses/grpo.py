@@ -11,7 +11,11 @@ papers argue about:
 - `per_trajectory`: N_i = 1/|tau_i| (WebGym). A long failure weighs 1 in total, like a short success,
   so each of its tokens is down-weighted by |tau_fail| / |tau_success| (~2.4x in the papers).
 - `constant`: N_i = 1/k (AsyncWebRL, k = 10, the Easy horizon). A trajectory weighs |tau_i| / k.
-- `token`: every token weighs 1/token_norm (Dr.GRPO style): no per-step or per-trajectory averaging.
+- `token`: every token weighs 1/token_norm (Dr. GRPO style): no per-step or per-trajectory averaging.
+
+Dr. GRPO (Liu et al. 2025, "Understanding R1-Zero-Like Training", arXiv 2503.20783) is `token` with
+`scale_by_std=False`: the group's advantages are R_i - mean(R), not divided by its std, which up-weights
+groups whose rewards barely differ (a difficulty bias), and no length normaliser.
 """
 
 from __future__ import annotations
@@ -31,6 +35,8 @@ class GRPOConfig:
     """The constant of the `constant` normaliser (AsyncWebRL: the Easy horizon)."""
     token_norm: float = 1280.0
     """The constant of the `token` normaliser: k steps of up to 128 response tokens."""
+    scale_by_std: bool = True
+    """Divide each group's advantages by its rewards' std (GRPO); False: R_i - mean(R) (Dr. GRPO)."""
 
 
 def token_weights(

@@ -22,7 +22,14 @@ Templates:
   CI's controlled test, its colour drawn from the run's seed so that it cannot be tuned to one mark.
 - `any`: "Click any box." Every box is right, and the oracle picks one at random (seeded by the task).
   Its demonstrations teach the output format and a uniform choice of box, never which box a colour
-  means: the warm start of the controlled learning test (`tests/test_learning.py`) is at chance.
+  means.
+- `named`: "Click the blue box.", the colour drawn from the seed like `colour`'s, but every box is right
+  and the oracle picks one at random; its thought restates the instruction's colour ("click the blue
+  box"). The warm start of the controlled learning test (`tests/test_learning.py`) clones these: it
+  stays at chance on `colour` (the mark it learned is independent of the colour), yet it has read
+  every colour word and learned to copy the instruction's into its thought, a few tokens before the
+  mark. Cloning `any` instead, no colour word ever received a gradient and `colour` stayed at chance
+  under RL (bench/RESULTS.md).
 
 Splits: `train` seeds 0..TRAIN_SEEDS-1 of every template; `test` seeds from TEST_SEED on (every
 template but `any`): layouts and colour orders never trained on.
@@ -48,7 +55,9 @@ COLOURS = list(PALETTE)
 BOXES = 4
 SIZE = (256, 128)
 BOX = 40
-TEMPLATES = ("colour", *COLOURS, "any")
+TEMPLATES = ("colour", *COLOURS, "any", "named")
+DEMONSTRATION_ONLY = ("any", "named")
+"""Templates whose every box is right: demonstrations only, never in the test split."""
 TRAIN_SEEDS = 500
 TEST_SEED, TEST_SEEDS = 100_000, 200
 URL = "http://127.0.0.1/boxes"
@@ -73,14 +82,16 @@ def layout(seed: int) -> Layout:
 
 def make_task(template: str, seed: int, split: str) -> Task:
     colours = layout(seed).colours
-    if template == "any":
-        instruction, target = "Click any box.", random.Random(f"any-{seed}").choice(colours)
+    named = template if template in PALETTE else random.Random(f"target-{seed}").choice(colours)
+    if template in DEMONSTRATION_ONLY:  # the oracle's box, drawn uniformly whatever the instruction says
+        target = random.Random(f"any-{seed}").choice(colours)
     else:
-        target = template if template in PALETTE else random.Random(f"target-{seed}").choice(colours)
-        instruction = f"Click the {target} box."
+        target = named
+    instruction = "Click any box." if template == "any" else f"Click the {named} box."
+    judge = {"target": target, "any": int(template in DEMONSTRATION_ONLY)}
     return Task(task_id=f"boxes-{template}-{seed}", suite="boxes", site="boxes", template=template,
                 difficulty="easy", instruction=instruction, start_path="/boxes", seed=seed, split=split,
-                judge={"target": target, "any": int(template == "any")})
+                judge=judge | ({} if template == "any" else {"named": named}))
 
 
 class BoxesScreen:
@@ -141,7 +152,8 @@ class BoxesSuite:
 
     def __init__(self):
         train = [make_task(t, s, "train") for t in TEMPLATES for s in range(TRAIN_SEEDS)]
-        test = [make_task(t, s, "test") for t in TEMPLATES if t != "any" for s in range(TEST_SEED, TEST_SEED + TEST_SEEDS)]
+        test = [make_task(t, s, "test") for t in TEMPLATES if t not in DEMONSTRATION_ONLY
+                for s in range(TEST_SEED, TEST_SEED + TEST_SEEDS)]
         self._tasks = train + test
 
     def start(self) -> None:
@@ -171,8 +183,12 @@ class BoxesSuite:
         return Verdict(False, f"clicked {page.clicked or 'no box'}, not the {target} box")
 
     def oracle_step(self, obs: Observation) -> dict:
-        # The thought names no colour: in the `any` demonstrations a named colour would be a random
-        # choice the mark then copies, and the warm start would learn that coupling instead of the
-        # plain choice of a mark, which is the one decision the controlled test wants RL to learn.
-        mark = COLOURS.index(str(obs.task.judge["target"]))
-        return {"op": "click", "mark": mark, "thought": "click a box"}
+        return {"op": "click", "mark": COLOURS.index(str(obs.task.judge["target"])), "thought": thought(obs.task)}
+
+
+def thought(task: Task) -> str:
+    """The oracle's thought: it restates the instruction's colour, never the box it then picks (in the
+    `named` demonstrations a random one: naming it would teach the mark to copy a random word, not to
+    read the instruction)."""
+    named = task.judge.get("named")
+    return "click a box" if named is None else f"click the {named} box"

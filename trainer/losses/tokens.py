@@ -1,0 +1,65 @@
+"""Which response tokens carry the policy gradient, and which the KL penalty to the reference.
+
+In `{"thought": ..., "memory": {...}, "action": {"kind": "click", "mark": D}}` only the action's values
+decide the reward (in the boxes task, the one digit D of about 37 tokens). Spread over every token, the
+advantage adds zero-mean noise on the other 36 that Adam turns into lr-sized steps: the format wear
+that a larger budget made into collapse (bench/RESULTS.md). The options:
+
+- `pg="action"`: the policy gradient on the action's value tokens only (`model.response`); a response
+  whose action does not parse keeps every token, since its format is what failed.
+- `pg="entropy"`: on the `entropy_share` of each step's tokens where the policy is least certain (Wang
+  et al. 2025, "Beyond the 80/20 Rule", arXiv 2506.01939: RLVR's gains come from the high-entropy
+  forking tokens; training on the top 20% alone matched or beat all tokens).
+- `kl="scaffold"`: the KL penalty only on the tokens that carry no policy gradient, so the reference
+  anchors the format while the decision is free to move.
+
+With `pg` other than `all`, a step's objective is normalised by its selected tokens (|o| in
+`trainer.losses.grpo` becomes their count), so each step keeps its whole weight in the batch.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+
+@dataclass(frozen=True)
+class TokenSelection:
+    pg: Literal["all", "action", "entropy"] = "all"
+    """Tokens of the policy-gradient objective: every response token, the action's values, or the
+    highest-entropy `entropy_share` of each step's."""
+    entropy_share: float = 0.2
+    """With `pg="entropy"`: the share of each step's tokens kept (at least one)."""
+    kl: Literal["all", "scaffold"] = "all"
+    """Tokens of the KL penalty (`kl_coef`): every token, or those outside the policy gradient."""
+
+    def __post_init__(self) -> None:
+        if not 0 < self.entropy_share <= 1:
+            raise ValueError(f"tokens.entropy_share must be in (0, 1], not {self.entropy_share}")
+        if self.kl == "scaffold" and self.pg == "all":
+            raise ValueError('tokens.kl="scaffold" keeps the KL off the policy-gradient tokens: with tokens.pg="all" '
+                             "that is every token; choose tokens.pg action or entropy")
+
+
+def select_tokens(
+    config: TokenSelection,
+    entropy: torch.Tensor,  # [n] the policy's entropy at each response token (detached)
+    action_mask: Callable[[], list[bool] | None],  # the action's value tokens (`model.response`), on demand
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(pg_mask [n], kl_mask [n]) of one step's response tokens."""
+    n = entropy.shape[0]
+    every = torch.ones(n, dtype=torch.bool, device=entropy.device)  # [n]
+    if config.pg == "all":
+        return every, every
+    if config.pg == "action":
+        found = action_mask()
+        pg = every if found is None else torch.tensor(found, dtype=torch.bool, device=entropy.device)  # [n]
+    else:
+        k = max(1, math.ceil(config.entropy_share * n))
+        pg = torch.zeros(n, dtype=torch.bool, device=entropy.device)
+        pg[torch.topk(entropy, k).indices] = True  # [n]
+    return pg, (every if config.kl == "all" else ~pg)
