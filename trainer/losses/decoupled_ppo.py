@@ -46,16 +46,21 @@ def decoupled_ppo_objective(
     clipped = torch.clamp(ratio, 1 - config.eps_low, 1 + config.eps_high) * advantages  # [T]
     surrogate = torch.minimum(unclipped, clipped)  # [T]
     surrogate = torch.where(advantages < 0, torch.maximum(surrogate, config.dual_clip * advantages), surrogate)
-    objective = torch.where(keep, behave_weight * surrogate, torch.zeros_like(surrogate))  # [T]
+    # the weight is zeroed before the product: an inf weight (a -inf recorded log-prob) times the
+    # unselected branch would make a NaN gradient through `where`
+    objective = torch.where(keep, torch.where(keep, behave_weight, 0.0) * surrogate, 0.0)  # [T]
 
     with torch.no_grad():  # 0-d tensors, read once per optimizer step (no host sync here)
         n = keep.sum().clamp(min=1)  # []
-        seen = mask.sum()  # []
+        # a sampler that recorded -inf makes its token's weight inf (dropped above): the statistics
+        # leave it out, which `mismatch_nonfinite` counts, so that an event holds finite numbers only
+        finite = mask & torch.isfinite(behave_weight)  # [T]
+        seen = finite.sum()  # []
         log_ratio = torch.where(keep, logprobs - proximal_logprobs, torch.zeros_like(logprobs))  # [T]
         stats = {
             "clip_frac": ((clipped < unclipped) & keep).sum() / n,
-            "behave_weight_mean": torch.where(mask, behave_weight, 0.0).sum() / seen.clamp(min=1),
-            "behave_weight_max": torch.where(mask, behave_weight, 0.0).max() if mask.numel() else seen * 0.0,
+            "behave_weight_mean": torch.where(finite, behave_weight, 0.0).sum() / seen.clamp(min=1),
+            "behave_weight_max": torch.where(finite, behave_weight, 0.0).max() if mask.numel() else seen * 0.0,
             "dropped_tokens": (mask & ~keep).sum().to(logprobs.dtype),
             "approx_kl": ((log_ratio.exp() - 1) - log_ratio).sum() / n,  # 0 where no token is kept
         }
