@@ -26,6 +26,11 @@ class DemoSummary:
     success_untrained: str
     success_after_sft: str
     success_after_rl: str
+    rl_minus_sft: str
+    """RL - SFT held-out success on the same instances, with its paired bootstrap 95% interval."""
+    rl_minus_best_sft: str
+    """RL - the best SFT sampling temperature (`LearningConfig.sharpening`), when that is not the SFT
+    point itself ("-" otherwise): a gain counts only above it."""
     demonstrations: str
     sft_loss: str
     rl_trajectories: int
@@ -59,7 +64,9 @@ def run_demo(settings: StackSettings, config: LearningConfig, say=print) -> Demo
     rl, sft = curve.rl, curve.sft
     return DemoSummary(
         run_id=curve.run_id, success_untrained=_rate(curve, "untrained"), success_after_sft=_rate(curve, "sft"),
-        success_after_rl=_rate(curve, "rl"), demonstrations=f"{curve.demo_successes}/{curve.demo_episodes} succeeded",
+        success_after_rl=_rate(curve, "rl"), rl_minus_sft=_difference(curve, 0),
+        rl_minus_best_sft=_difference(curve, 1),
+        demonstrations=f"{curve.demo_successes}/{curve.demo_episodes} succeeded",
         sft_loss=f"{sft.losses[0]:.2f} -> {sft.losses[-1]:.2f}" if sft else "-",
         rl_trajectories=rl.episodes, rl_trajectories_per_hour=rl.trajectories_per_hour, rl_updates=rl.updates,
         policy_version=rl.version, trainer_idle=rl.trainer_idle, staleness_mean=rl.staleness_mean,
@@ -73,6 +80,14 @@ def run_demo(settings: StackSettings, config: LearningConfig, say=print) -> Demo
 def _rate(curve: LearningCurve, stage: str) -> str:
     p = curve.point(stage)
     return "-" if p is None else f"{p.rate:.2f} [{p.ci95[0]:.2f}, {p.ci95[1]:.2f}] n={p.episodes}"
+
+
+def _difference(curve: LearningCurve, i: int) -> str:
+    if len(curve.differences) <= i:
+        return "-"
+    d = curve.differences[i]
+    return (f"{d.diff:+.2f} [{d.ci95[0]:+.2f}, {d.ci95[1]:+.2f}]" + (f" vs {d.subtrahend}" if i else "")
+            + f", {d.instances} instances")
 
 
 def _materialize(run_id: str) -> tuple[int, str]:

@@ -1,7 +1,10 @@
 """The learning curve: one policy through three stages, each measured the same way.
 
 untrained -> SFT warm start on oracle demonstrations -> async RL (`awrl run`), with the success rate on
-held-out tasks after each stage (independent sampled episodes, Wilson 95% interval: `rollout.evaluate`).
+held-out tasks after each stage (Wilson 95% interval), every point on the same held-out instances
+(`rollout.evaluate`'s paired evaluation), so that RL - SFT gets a paired bootstrap interval. The SFT
+policy is also measured at other temperatures (`LearningConfig.sharpening`): a gain that sampling the
+SFT model more sharply also gets is not RL's, so RL is compared with the best of them too.
 
 Every stage is an ordinary run in the event log: the demonstrations (`<run>-demos`), each evaluation's
 episodes (`<run>-eval-<stage>`), and the RL run's updates and versions (`<run>`). Each point of the
@@ -20,23 +23,20 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from safetensors.torch import load_file
-
 from analysis import connect
 from analysis.curves import learning_curve_png, success_by_version, version_curve_png
+from app.evaluation import CurvePoint, Evaluator, eval_split, sharpening_stage
 from app.training import RunConfig, RunSummary, record_start, run_training, set_by_run
 from model.policy import ensure_policy
 from model.tokenizer import HOME
 from pipeline.bus import EventProducer
 from pipeline.checkpoints import CheckpointStore
-from pipeline.hashing import weights_sha256
 from pipeline.ledger import LedgerWriter, read_events
 from pipeline.settings import StackSettings
 from rollout.curriculum import CurriculumConfig
 from rollout.episode import EpisodeConfig
-from rollout.evaluate import EvalResult, evaluate
+from rollout.evaluate import Difference
 from rollout.run import RolloutRequest, make_suite, run_rollout
-from schemas import EvaluationCompleted
 from schemas.observation import Difficulty, Split, SuiteName
 from trainer.config import TrainConfig
 from trainer.sft import SFTConfig, SFTResult, train_sft
@@ -75,7 +75,8 @@ class LearningConfig:
     """Templates of RL and of the evaluations; None: `train_templates`' choice, evaluations on all."""
     demo_templates: tuple[str, ...] | None = None
     """Templates the demonstrations are drawn from; None: the RL stage's (`train_templates`). The boxes
-    suite's controlled test clones `any` ("click any box") so that its warm start is at chance."""
+    suite's controlled test clones `named` (the instruction names a colour, the thought restates it, the
+    box is uniform) so that its warm start is at chance yet has read the colour words."""
     warm_start: Path | None = None
     """An SFT model to start RL from: skips the demonstrations and SFT (a control run reuses the warm
     start of the run it controls)."""
@@ -98,7 +99,18 @@ class LearningConfig:
     seed: int = 0
     """Seed of RL's task order and sampling."""
     eval_episodes: int = 100
-    """Episodes of each held-out evaluation (Wilson 95% intervals of about +-0.1 at 100)."""
+    """Episodes of each held-out evaluation (Wilson 95% intervals of about +-0.1 at 100): `eval_episodes /
+    eval_samples` instances, or every task of the split, each run `eval_samples` times or more (so that a
+    small split still gets about `eval_episodes`)."""
+    eval_samples: int = 4
+    """Episodes per held-out instance. Every point runs the same instances (a fixed seeded order of the
+    split), so two points pair: RL - SFT gets an interval from resampling instances (`rollout.evaluate.
+    paired_difference`), where independent samples' differences drown in instance difficulty."""
+    sharpening: tuple[float, ...] = (0.0, 0.5)
+    """Temperatures at which the SFT policy is also evaluated, on the same instances: sharper sampling
+    of the SFT model is a baseline an RL gain must beat (RL is compared with the best of them). One at
+    `temperature` is the SFT point itself; at 0 (greedy, which repeats itself on an instance) one
+    episode per instance, otherwise `eval_samples`. Each adds an evaluation; () turns them off."""
     rl_eval_points: int = 1
     """Held-out evaluations of RL versions, evenly spaced over the published versions, the last one
     included (stages `rl-v<N>`; the final one is also `rl`)."""
@@ -117,9 +129,10 @@ class LearningConfig:
     """Episodes per RL task group (GRPO's G)."""
     train: TrainConfig = RL_TRAIN
     """RL hyper-parameters; the run sets `train.run_id` and `train.temperature` (from `temperature`)."""
-    curriculum: CurriculumConfig = CurriculumConfig()
+    curriculum: CurriculumConfig = CurriculumConfig(skip_uninformative=2)
     """RL draws the task families whose recent success is in band, seeded by the SFT evaluation's
-    outcomes (`rollout.curriculum`); when not `enabled`, every training task alike."""
+    outcomes, and passes over instances whose last 2 groups were all-equal (`rollout.curriculum`); when
+    not `enabled`, every training task alike."""
     run_id: str = ""
     """The run's id (the RL run; demonstrations and evaluations are `<run_id>-demos`, `-eval-<stage>`);
     empty: a new one."""
@@ -138,36 +151,17 @@ constant targets rose by +0.32 to +0.40 at 20 versions, none collapsing (bench/R
 def controlled(run_id: str, out_dir: Path, rl_minutes: float = 10.0, control: str = "none",
                warm_start: Path | None = None, target: str = "red", rl_updates: int | None = CONTROLLED_UPDATES,
                seed: int = 0) -> LearningConfig:
-    """The controlled learning test on the `boxes` suite (no browser): demonstrations of "click any box"
-    give a warm start at chance on "click the `target` box" (a colour, or `colour`: the one the
-    instruction names), RL from it for `rl_updates` optimizer steps (at most `rl_minutes`), held-out
+    """The controlled learning test on the `boxes` suite (no browser): demonstrations of `named` ("click
+    the <colour> box", restated in the thought, the box drawn uniformly) give a warm start at chance on
+    "click the `target` box" (a colour, or `colour`: the one the instruction names), RL from it for `rl_updates` optimizer steps (at most `rl_minutes`), held-out
     seeds evaluated before and after; with `control="shuffled_rewards"` the same run whose advantages
     carry no information."""
     return LearningConfig(
-        suite="boxes", difficulty=None, templates=(target,), demo_templates=("any",), demo_episodes=300,
+        suite="boxes", difficulty=None, templates=(target,), demo_templates=("named", "any"), demo_episodes=400,
         sft_epochs=4, sft_batch_steps=4, rl_minutes=rl_minutes, rl_updates=rl_updates, eval_episodes=96,
         eval_split="test", temperature=1.0, workers=2, eval_workers=4, group_size=8, rl_eval_points=3, run_id=run_id,
         out_dir=out_dir, warm_start=warm_start, curriculum=CurriculumConfig(enabled=False), seed=seed,
         malformed_reward=CONTROLLED_MALFORMED_REWARD, train=CONTROLLED_TRAIN.model_copy(update={"control": control}))
-
-
-@dataclass
-class CurvePoint:
-    stage: str
-    policy_version: int
-    episodes: int
-    successes: int
-    ci95: tuple[float, float]
-    train_s: float
-    eval_run_id: str
-
-    @property
-    def rate(self) -> float:
-        return self.successes / max(self.episodes, 1)
-
-
-def eval_split(config: LearningConfig) -> str:
-    return config.eval_split or ("test" if config.suite == "miniwob" else "heldout")
 
 
 def train_templates(config: LearningConfig) -> tuple[str, ...] | None:
@@ -190,6 +184,9 @@ class LearningCurve:
     sft: SFTResult | None = None
     rl: RunSummary | None = None
     seconds: float = 0.0
+    differences: list[Difference] = field(default_factory=list)
+    """Paired differences in held-out success: RL - SFT, then RL - the best SFT temperature when that is
+    a sharpening baseline (`LearningConfig.sharpening`)."""
 
     def point(self, stage: str) -> CurvePoint | None:
         return next((p for p in self.points if p.stage == stage), None)
@@ -205,7 +202,7 @@ def run_learning(settings: StackSettings, config: LearningConfig,
     curve = LearningCurve(run_id)
     producer = EventProducer(settings, client_id="learning")
     record_start(producer, run_id, "demo", replace(config, run_id=run_id))
-    measure = _Evaluator(settings, config, run_id, producer, curve, say)
+    measure = Evaluator(settings, config, run_id, producer, curve, say)
     try:
         templates = train_templates(config)
         if config.warm_start:
@@ -213,14 +210,19 @@ def run_learning(settings: StackSettings, config: LearningConfig,
         else:
             measure("untrained", ensure_policy(), 0, 0.0)
             sft_dir, sft_s = warm_start(settings, config, run_id, curve, say)
+        # each evaluation is read back from the ledger: the curriculum finds the SFT one there
+        sharpening = [t for t in config.sharpening if t != config.temperature]
         if config.sft_measured_by is None:
             measure("sft", sft_dir, 0, sft_s)
+            for t in sharpening:  # greedy repeats itself on an instance: one episode says it all
+                measure(sharpening_stage(t), sft_dir, 0, sft_s, temperature=t, samples=1 if t == 0 else None)
+        else:
+            for stage in ("sft", *map(sharpening_stage, sharpening)):
+                measure.recall(stage, config.sft_measured_by)
 
         say(f"[3/3] async RL for {config.rl_minutes:g} min from the SFT policy")
         train = config.train.model_copy(update={"run_id": run_id, "temperature": config.temperature,
                                                 "max_updates": config.rl_updates or config.train.max_updates})
-        if config.curriculum.enabled and config.sft_measured_by is None:
-            LedgerWriter(settings).sync(idle_exit_s=3.0)  # the curriculum starts from this SFT evaluation
         rollout = RolloutRequest(
             suite=config.suite, difficulty=config.difficulty, templates=templates, policy="local", model_dir=sft_dir,
             workers=config.workers, group_size=config.group_size, seed=config.seed,
@@ -235,6 +237,11 @@ def run_learning(settings: StackSettings, config: LearningConfig,
         for version in _spaced(sorted(versions), config.rl_eval_points):
             measure("rl" if version == max(versions) else f"rl-v{version}", checkpoints.download(versions[version]),
                     version, sft_s + curve.rl.seconds * version / max(max(versions), 1))
+        curve.differences = measure.differences()
+        if curve.differences:
+            say(f"paired on the same {len(measure.task_ids)} held-out instances:")
+        for d in curve.differences:
+            say(f"  {d}")
     finally:
         producer.close()
     LedgerWriter(settings).sync(idle_exit_s=3.0)  # the curve's events too
@@ -245,34 +252,6 @@ def run_learning(settings: StackSettings, config: LearningConfig,
     # success on the training tasks per policy version (from the ledger) with the held-out points on top
     version_curve_png(success_by_version(connect(settings), run_id), curve.points, out / "version_curve.png", title)
     return curve
-
-
-@dataclass
-class _Evaluator:
-    settings: StackSettings
-    config: LearningConfig
-    run_id: str
-    producer: EventProducer
-    curve: LearningCurve
-    say: Callable[[str], None]
-
-    def __call__(self, stage: str, model_dir: Path, version: int, train_s: float) -> CurvePoint:
-        c, split = self.config, eval_split(self.config)
-        self.say(f"evaluating the {stage} policy: {c.eval_episodes} episodes, {c.suite} {split} {c.difficulty or ''}")
-        result: EvalResult = evaluate(self.settings, model_dir=model_dir, suite=c.suite, split=split,
-                                      difficulty=c.difficulty, episodes=c.eval_episodes,
-                                      workers=c.eval_workers or c.workers,
-                                      temperature=c.temperature, run_id=f"{self.run_id}-eval-{stage}",
-                                      templates=c.templates)
-        point = CurvePoint(stage, version, result.episodes, result.successes, result.ci95, train_s, result.run_id)
-        self.curve.points.append(point)
-        self.producer.publish(EvaluationCompleted(
-            run_id=self.run_id, stage=stage, eval_run_id=result.run_id, policy_version=version,
-            checkpoint_sha256=_weights_sha256(model_dir), suite=c.suite, split=split, difficulty=c.difficulty,
-            episodes=result.episodes, successes=result.successes, ci95_low=result.ci95[0], ci95_high=result.ci95[1],
-            train_s=train_s)).get(timeout=60)
-        self.say(f"  {stage}: {result}")
-        return point
 
 
 def warm_start(settings: StackSettings, config: LearningConfig, run_id: str, curve: LearningCurve,
@@ -299,7 +278,7 @@ def warm_start(settings: StackSettings, config: LearningConfig, run_id: str, cur
 
 def controlled_warm_start(settings: StackSettings, out_dir: Path, run_id: str = "warm",
                           say: Callable[[str], None] = print) -> Path:
-    """Only the controlled task's warm start (demonstrations of "click any box", then SFT): the model
+    """Only the controlled task's warm start (demonstrations of `named`, then SFT): the model
     directory that a set of controlled runs shares (`controlled(..., warm_start=...)`)."""
     sft, _ = warm_start(settings, controlled(run_id, out_dir), run_id, LearningCurve(run_id), say)
     return sft
@@ -324,10 +303,6 @@ def _spaced(versions: list[int], n: int) -> list[int]:
     later = [v for v in versions if v > 0] or versions
     picks = {later[math.ceil(len(later) * (i + 1) / n) - 1] for i in range(n)}
     return sorted(picks)
-
-
-def _weights_sha256(model_dir: Path) -> str:
-    return weights_sha256(load_file(Path(model_dir) / "model.safetensors"))
 
 
 def _every(seconds: float, report):
@@ -359,6 +334,7 @@ def _jsonable(curve: LearningCurve) -> dict:
         "run_id": curve.run_id, "seconds": curve.seconds, "demo_episodes": curve.demo_episodes,
         "demo_successes": curve.demo_successes,
         "points": [dict(asdict(p), rate=p.rate) for p in curve.points],
+        "differences": [asdict(d) for d in curve.differences],
         "sft": None if curve.sft is None else {"demonstrations": curve.sft.demonstrations,
                                                "loss_first": curve.sft.losses[0], "loss_last": curve.sft.losses[-1]},
         "rl": None if curve.rl is None else dict(vars(curve.rl), trajectories_per_hour=curve.rl.trajectories_per_hour),

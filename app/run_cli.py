@@ -12,7 +12,7 @@ from pathlib import Path
 
 import typer
 
-from app.output import FORMAT, Format, console, emit_record, fail, human
+from app.output import FORMAT, Format, console, emit_record, emit_rows, fail, human
 from schemas.observation import Difficulty, PolicyName, Split, SuiteName
 
 RAW = {"context_settings": {"ignore_unknown_options": True, "allow_extra_args": True, "help_option_names": []},
@@ -187,27 +187,91 @@ def evaluate(
     suite: SuiteName = typer.Option("sites"),
     split: Split = typer.Option("heldout"),
     difficulty: Difficulty | None = typer.Option("easy"),
-    episodes: int = typer.Option(100),
+    episodes: int = typer.Option(100, help="Independent episodes (without --model)."),
     workers: int = typer.Option(2),
     som: bool = typer.Option(True, help="Set-of-Mark observations."),
     temperature: float = typer.Option(1.0, help="Sampling temperature (independent episodes need > 0)."),
+    model: list[Path] = typer.Option(None, "--model", help="Paired evaluation: a model directory (repeat it for "
+                                                              "each policy); every one runs the same instances."),
+    label: list[str] = typer.Option(None, "--label", help="Name of each --model, in order (default: its folder)."),
+    model_temperature: list[float] = typer.Option(None, "--model-temperature",
+                                                  help="Temperature of each --model, in order (default: "
+                                                       "--temperature)."),
+    samples: int = typer.Option(4, min=1, help="--model: episodes per instance."),
+    instances: int = typer.Option(None, min=1, help="--model: the first N instances of a fixed seeded order of "
+                                                    "the split (default: all)."),
+    run_id: str = typer.Option("", help="Evaluation run id (default: a new one); a --model's episodes are the "
+                                        "run <run-id>-<label>."),
     format: Format = FORMAT,  # noqa: A002 - the option's name
 ) -> None:
-    """Held-out success rate with a 95% (Wilson) confidence interval."""
+    """Held-out success rate with a 95% (Wilson) confidence interval; with --model (repeated), a paired
+    evaluation: every model on the same instances, and each one's difference to the first with a
+    bootstrap interval clustered by instance."""
     from pipeline.settings import StackSettings
     from rollout.evaluate import evaluate as run_eval
 
     _require_model_dir(model_dir)
-    result = run_eval(StackSettings(), policy, model_dir, suite, split, difficulty, episodes, workers, som, temperature)
+    if model:
+        if model_dir is not None or policy != "local":
+            raise fail("--model evaluates model directories with the local policy: leave out --model-dir and --policy")
+        policies = _paired_policies(model, label or [], model_temperature or [], temperature)
+        _paired(StackSettings(), policies, suite, split, difficulty, instances, samples, workers, som, run_id, format)
+        return
+    if label or model_temperature:
+        raise fail("--label and --model-temperature name the --model policies of a paired evaluation: add --model DIR")
+    result = run_eval(StackSettings(), policy, model_dir, suite, split, difficulty, episodes, workers, som, temperature,
+                      run_id=run_id)
     low, high = result.ci95
     emit_record({"run_id": result.run_id, "episodes": result.episodes, "successes": result.successes,
                  "success": result.rate, "ci95_low": low, "ci95_high": high}, format,
                 title=f"{result.run_id}: success {human(result.rate)} [{human(low)}, {human(high)}]")
 
 
-def _require_model_dir(model_dir: Path | None) -> None:
+def _paired_policies(models: list[Path], labels: list[str], temperatures: list[float], temperature: float) -> list:
+    """The `EvalPolicy` of each --model, its label and temperature matched by position."""
+    from rollout.evaluate import EvalPolicy, run_label
+
+    for flag, given in (("--label", labels), ("--model-temperature", temperatures)):
+        if given and len(given) != len(models):
+            raise fail(f"{len(given)} {flag} for {len(models)} --model: give one for each --model, in order, or none")
+    for m in models:
+        _require_model_dir(m, "--model")
+    temperatures = temperatures or [temperature] * len(models)
+    if not labels:  # the folder's name; the temperature too where a folder comes twice
+        names = [m.name for m in models]
+        labels = [n if names.count(n) == 1 else f"{n}-t{t:g}" for n, t in zip(names, temperatures)]
+    runs = [run_label(x) for x in labels]
+    if len(set(runs)) < len(runs):
+        raise fail(f"--label: each --model needs a label of its own, got {', '.join(labels)}")
+    return [EvalPolicy(x, m, t) for x, m, t in zip(labels, models, temperatures)]
+
+
+def _paired(settings, policies, suite, split, difficulty, instances, samples, workers, som, run_id,
+            fmt: Format) -> None:
+    from rollout.evaluate import evaluate_paired, instance_ids
+
+    try:
+        instance_ids(suite, split, difficulty, None, instances)
+    except ValueError as exc:  # no task of the split fits the filters
+        raise fail(str(exc)) from None
+    paired = evaluate_paired(settings, policies, suite, split, difficulty, None, instances, samples, workers, som,
+                             run_id)
+    rows = []
+    for i, p in enumerate(paired.policies):
+        total = p.total
+        d = p.minus(paired.policies[0]) if i else None
+        rows.append([p.label, p.temperature, total.episodes, total.successes, total.rate, *total.ci95,
+                     p.invalid_share, p.env_errors, *((d.diff, *d.ci95) if d else (None, None, None)), p.run_id])
+    columns = ["policy", "temperature", "episodes", "successes", "success", "ci95_low", "ci95_high",
+               "invalid_actions", "env_errors", "minus_first", "minus_first_low", "minus_first_high", "run_id"]
+    emit_rows(columns, rows, fmt, title=(
+        f"{paired.run_id}: {len(paired.task_ids)} instances x {samples} episodes, {suite} {split} "
+        f"{difficulty or ''} (success: Wilson 95%; minus first: paired bootstrap 95% over instances)"))
+
+
+def _require_model_dir(model_dir: Path | None, flag: str = "--model-dir") -> None:
     if model_dir is not None and not (model_dir / "config.json").is_file():
-        raise fail(f"--model-dir {model_dir}: not an HF model directory (no config.json)")
+        raise fail(f"{flag} {model_dir}: not an HF model directory (no config.json)")
 
 
 def register(app: typer.Typer) -> None:

@@ -115,6 +115,8 @@ class RolloutRequest:
     """Dispatch only tasks of this difficulty (easy, medium, hard); None dispatches all."""
     templates: tuple[str, ...] | None = None
     """Dispatch only tasks of these templates; None dispatches all."""
+    task_ids: tuple[str, ...] | None = None
+    """Dispatch only these tasks (a paired evaluation's instances, `rollout.evaluate`); None dispatches all."""
     run_id: str = ""
     seed: int = 0
     model_dir: Path | None = None
@@ -166,7 +168,8 @@ def run_rollout(settings: StackSettings, req: RolloutRequest, show_progress: boo
         finished = threading.Event()
         if req.dispatch:
             tasks = [t for t in suite.tasks(req.split) if req.difficulty in (None, t.difficulty)
-                     and (req.templates is None or t.template in req.templates)]
+                     and (req.templates is None or t.template in req.templates)
+                     and (req.task_ids is None or t.task_id in req.task_ids)]
             stream = _task_stream(settings, suite, tasks, req)
             threading.Thread(target=_dispatch_loop, daemon=True,
                              args=(settings, pool, run_id, stream, req, groups, finished, admission)).start()

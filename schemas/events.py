@@ -22,14 +22,15 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainSeriali
 from schemas.actions import Action
 from schemas.arrow import Int64
 
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 """2: GroupDropped; UpdateApplied timings and staleness; PolicyVersionPublished lineage.
 3: EvaluationCompleted (a learning curve's points).
 4: UpdateApplied.memory (per-rank bytes of the sharded trainer; null in older files).
 5: RunStarted (a run's resolved configuration).
 6: GroupDropped.mean_reward and .invalid_share (why a run starves; null in older files).
 7: PolicyVersionLoaded (how a sampler got each version); PolicyVersionPublished.push_s.
-8: StepRecorded.marks and .marks_drawn (the Set-of-Mark elements of each screen; empty in older files)."""
+8: StepRecorded.marks and .marks_drawn (the Set-of-Mark elements of each screen; empty in older files).
+9: EvaluationCompleted.temperature, .samples and .invalid_share (a paired evaluation; null in older files)."""
 Sha256 = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
 Outcome = Literal["success", "failure", "env_error"]
 
@@ -286,7 +287,8 @@ class UpdateApplied(Event):
     loss: float
     grad_norm: float
     stats: dict[str, float]
-    """Loss statistics (clip fraction, staleness weights, KL, entropy, ...), detached."""
+    """Loss statistics (clip fraction, staleness weights, KL, entropy, the sampler-vs-trainer `mismatch_*`
+    of `trainer/mismatch.py`, ...), detached; finite (NaN and infinity do not survive the JSON)."""
     config_json: str
     """The trainer config of this update, so replay can rebuild it."""
     weights_sha256: Sha256
@@ -370,6 +372,13 @@ class EvaluationCompleted(Event):
     """Wilson 95% interval of the success rate."""
     train_s: float = Field(default=0.0, ge=0)
     """Training wall time spent to reach this policy (SFT + RL so far)."""
+    temperature: float | None = None
+    """Sampling temperature of the evaluated policy (None in older files)."""
+    samples: Int64 | None = Field(default=None, ge=1)
+    """Episodes per instance: each instance ran as one group of this size (`rollout.evaluate`'s
+    paired evaluation; `episodes` / `samples` instances). None: independent single episodes."""
+    invalid_share: float | None = Field(default=None, ge=0, le=1)
+    """Share of the evaluation's steps whose model output was not a valid action."""
 
 
 class PolicyVersionLoaded(Event):

@@ -23,7 +23,7 @@ from app.learning import LearningConfig, controlled
 from app.output import human
 from app.training import RunConfig
 from pipeline.settings import StackSettings
-from rollout.evaluate import evaluate
+from rollout.evaluate import evaluate, evaluate_paired
 from rollout.run import RolloutRequest
 from schemas import RunStarted
 from trainer.config import TrainConfig
@@ -96,7 +96,8 @@ def _defaults(obj) -> dict[str, object]:
     return {k: p.default for k, p in inspect.signature(obj).parameters.items() if p.default is not p.empty}
 
 
-CONFIGS = {"rollout": [RolloutRequest()], "eval": [evaluate], "sft": [SFTConfig(run_ids=["-"], out_dir=Path("-"))],
+CONFIGS = {"rollout": [RolloutRequest()], "eval": [evaluate, evaluate_paired],
+           "sft": [SFTConfig(run_ids=["-"], out_dir=Path("-"))],
            "rebatch": [Admission()]}
 """`rollout`, `eval`, `sft` and `rebatch` keep a few hand-written options: each must match its config."""
 
@@ -208,6 +209,9 @@ def _mistakes(ledger: Path, tmp: Path) -> list[tuple[list[str], int, str]]:
         (["train", "--run-id", "r", "--nnodes", "2", "--node-rank", "2", "--rdzv-endpoint", "h:1"], 2,
          "--node-rank 2 is outside 0..1"),
         (["eval", "--model-dir", str(tmp / "none")], 2, "not an HF model directory"),
+        (["eval", "--model", str(tmp / "none"), "--model", str(tmp / "none")], 2, "--model " + str(tmp / "none")),
+        (["eval", "--model", str(tmp / "none"), "--label", "a", "--label", "b"], 2, "2 --label for 1 --model"),
+        (["eval", "--label", "a"], 2, "add --model DIR"),
         (["rollout", "--suite", "nope"], 2, "'nope' is not one of"),
         (["stack", "status", "--data-dir", str(tmp / "none")], 1, "no stack running"),
         (["health", "--heartbeat", str(tmp / "none")], 1, "no heartbeat yet"),
