@@ -3,8 +3,8 @@
 A response is `{"thought": ..., "memory": {...}, "action": {"kind": "click", "mark": 2}}`: of its ~37
 tokens only the action's values decide what happens on the page (in the boxes task, the one digit
 after `"mark": `). The loss options of `trainer.losses.tokens` put the policy gradient on those tokens
-and keep the KL penalty on the rest (the scaffold), so RL can move the decision without wearing the
-format down.
+(and, in a response that does not parse, on the token where it broke), and can keep the KL penalty on
+the rest (the scaffold), so RL can move the decision without wearing the format down.
 """
 
 from __future__ import annotations
@@ -27,26 +27,32 @@ def token_ends(tokenizer, token_ids: list[int]) -> list[int]:
     return ends
 
 
-def action_value_spans(text: str) -> list[tuple[int, int]]:
-    """Character spans of the values of the action object's fields (`kind` included: clicking instead
-    of typing is a decision too); [] when the response has no action object that parses."""
-    match = _ACTION_KEY.search(text)
-    if match is None:
-        return []
-    start = match.end() - 1
+def decision_spans(text: str) -> list[tuple[int, int]]:
+    """Character spans of the response's decision: the values of the action object's fields (`kind`
+    included: clicking instead of typing is a decision too); where the response does not parse, the
+    character at which it went wrong (JSON's error position, or the `}` that closed the object without
+    an action), since that token, not the well-formed prefix shared with every good response, is what
+    a low reward should push down."""
+    start = text.find("{")
+    if start == -1:
+        return [(0, min(1, len(text)))]
     try:
-        _, end = _DECODER.raw_decode(text, start)
-    except ValueError:
-        return []
-    return [m.span(1) for m in _FIELD.finditer(text, start, end)]
+        obj, end = _DECODER.raw_decode(text, start)
+    except json.JSONDecodeError as exc:
+        return [(exc.pos, exc.pos + 1)]
+    except RecursionError:  # nested past the interpreter's limit: the parser fails it at the start
+        return [(start, start + 1)]
+    match = _ACTION_KEY.search(text, start, end)
+    if not isinstance(obj, dict) or not isinstance(obj.get("action"), dict) or match is None:
+        return [(end - 1, end)]
+    _, action_end = _DECODER.raw_decode(text, match.end() - 1)
+    return [m.span(1) for m in _FIELD.finditer(text, match.end() - 1, action_end)]
 
 
-def action_token_mask(tokenizer, token_ids: list[int]) -> list[bool] | None:
-    """True for each response token that overlaps a value of the action object; None when the response
-    has no parsable action (then no token is the decision: the caller treats every token alike)."""
+def decision_token_mask(tokenizer, token_ids: list[int]) -> list[bool]:
+    """True for each response token that overlaps the decision (`decision_spans`)."""
     ends = token_ends(tokenizer, token_ids)
-    spans = action_value_spans(tokenizer.decode(token_ids, skip_special_tokens=False))
-    if not spans:
-        return None
+    spans = decision_spans(tokenizer.decode(token_ids, skip_special_tokens=False))
     starts = [0, *ends[:-1]]
-    return [any(s < b and a < e for a, b in spans) for s, e in zip(starts, ends)]
+    mask = [any(s < b and a < e for a, b in spans) for s, e in zip(starts, ends)]
+    return mask if any(mask) else [True] * len(token_ids)  # an error past the last token: all of it

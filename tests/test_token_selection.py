@@ -11,7 +11,7 @@ import torch
 
 from model.inputs import suppressed_token_ids
 from model.prompt import render_prompt
-from model.response import action_token_mask, action_value_spans
+from model.response import decision_spans, decision_token_mask
 from rollout.policy.local import LocalPolicy
 from schemas.observation import Mark, Observation
 from trainer.advantages import group_advantages
@@ -35,24 +35,31 @@ def _ids(text: str) -> list[int]:
     return tok(text + "<|im_end|>", add_special_tokens=False)["input_ids"]
 
 
-def test_action_value_spans_are_the_action_objects_values():
-    spans = action_value_spans(RESPONSE)
+def test_decision_spans_are_the_action_values_or_where_the_response_broke():
+    spans = decision_spans(RESPONSE)
     assert [RESPONSE[a:b] for a, b in spans] == ['"click"', "2"]
-    # a key named "action" inside the memory is not the action; a nested value stays one span
+    # a value named "action" in the memory is not the action; an escaped quote stays inside its value
     text = '{"memory": {"note": "action"}, "action": {"kind": "type", "text": "a \\"b\\"", "mark": 7}}'
-    assert [text[a:b] for a, b in action_value_spans(text)] == ['"type"', '"a \\"b\\""', "7"]
-    assert action_value_spans('{"thought": "x", "action": {"kind": "cli') == []  # cut short: no action
-    assert action_value_spans("not json at all") == []
+    assert [text[a:b] for a, b in decision_spans(text)] == ['"type"', '"a \\"b\\""', "7"]
+    # broken: the character JSON stopped at, not the well-formed prefix before it
+    broken = '{"thought": "t", "memory": {"plan step": "0"}, "action": {"kind": "click", "mark": 0"}, "x"}}'
+    (a, b), = decision_spans(broken)
+    assert broken[:a].endswith('"mark": 0') and broken[a:b] == '"'
+    no_action = '{"thought": "t", "memory": {}}'
+    assert decision_spans(no_action) == [(len(no_action) - 1, len(no_action))]  # closed without an action
+    assert decision_spans("not json at all") == [(0, 1)]
 
 
-def test_action_token_mask_marks_the_digit_and_the_kind():
+def test_decision_token_mask_marks_the_digit_and_the_kind():
     tok, ids = _policy().tokenizer, _ids(RESPONSE)
-    mask = action_token_mask(tok, ids)
+    mask = decision_token_mask(tok, ids)
     chosen = "".join(tok.decode([i]) for i, m in zip(ids, mask) if m)
     # the decision, with the punctuation its tokens carry (`",` ends the kind); thought and memory are scaffold
     assert chosen.replace(" ", "") == '"click",2', chosen
     assert sum(mask) < len(ids) / 4
-    assert action_token_mask(tok, _ids("no action here")) is None
+    broken = _ids('{"thought": "t", "memory": {}, "action": {"kind": "click", "mark": 0"}}')
+    chosen = [tok.decode([i]) for i, m in zip(broken, decision_token_mask(tok, broken)) if m]
+    assert len(chosen) == 1 and chosen[0].startswith('"'), chosen  # the token that broke the JSON
 
 
 def test_select_tokens_hand_made():
@@ -62,8 +69,6 @@ def test_select_tokens_hand_made():
     assert pg.all() and kl.all()
     pg, kl = select_tokens(TokenSelection(pg="action", kl="scaffold"), entropy, lambda: action)
     assert pg.tolist() == action and kl.tolist() == [not a for a in action]
-    pg, kl = select_tokens(TokenSelection(pg="action"), entropy, lambda: None)  # no action parsed: every token
-    assert pg.all() and kl.all()
     # top 40% of 5 tokens by entropy = ceil(2.0) = 2: the tokens of entropy 0.9 and 0.8
     pg, _ = select_tokens(TokenSelection(pg="entropy", entropy_share=0.4), entropy, lambda: action)
     assert pg.tolist() == [False, True, False, False, True]
@@ -111,7 +116,7 @@ def test_the_gradient_reaches_only_the_action_tokens():
     _, tokens = combine(accumulate_gradients(scorer, [sample], 1, 0, config))
     got = [q.grad.clone() for q in model.parameters()]
 
-    selected = torch.tensor(action_token_mask(p.tokenizer, sample.response_token_ids))
+    selected = torch.tensor(decision_token_mask(p.tokenizer, sample.response_token_ids))
     assert 0 < int(selected.sum()) < len(selected) and torch.equal(tokens["mask"], selected)
     hand = _fresh_model()
     (_, inputs), = Scorer(hand, p.tokenizer, p.image_processor, scorer.suppress, images.__getitem__).samples([sample])
@@ -128,7 +133,7 @@ def test_scaffold_kl_leaves_the_action_tokens_free():
     a reference that differs on the action tokens alone pulls nothing back."""
     sample, images = _sample(advantage=0.0)
     p = _policy()
-    selected = torch.tensor(action_token_mask(p.tokenizer, sample.response_token_ids))
+    selected = torch.tensor(decision_token_mask(p.tokenizer, sample.response_token_ids))
     model = _fresh_model()
     scorer = Scorer(model, p.tokenizer, p.image_processor, suppressed_token_ids(p.tokenizer), images.__getitem__)
     with torch.no_grad():

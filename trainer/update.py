@@ -25,7 +25,7 @@ import torch
 
 from model.inputs import forward_log_softmax, inputs_from_ids
 from model.policy import load_policy
-from model.response import action_token_mask
+from model.response import decision_token_mask
 from trainer.batch import TrainGroup
 from trainer.config import TrainConfig
 from trainer.losses import (decoupled_ppo_objective, grpo_loss, kl_to_reference, raft_advantages, select_tokens,
@@ -171,7 +171,7 @@ def accumulate_gradients(scorer: Scorer, samples: list[StepSample], num_trajecto
         behave = torch.tensor(s.behave_logprobs, dtype=logprobs.dtype, device=dev)  # [n]
         success = torch.full((n,), s.success, device=dev)  # [n]
         mask, kl_mask = select_tokens(config.tokens, entropy.detach(),
-                                      lambda s=s: action_token_mask(scorer.tokenizer, s.response_token_ids))  # [n], [n]
+                                      lambda s=s: decision_token_mask(scorer.tokenizer, s.response_token_ids))  # [n], [n]
         advantages = torch.full((n,), s.advantage, dtype=logprobs.dtype, device=dev)  # [n]
         # |o_{i,t}|: the step's response tokens, or its selected ones (a step keeps its whole weight)
         step_tokens = torch.full((n,), n if config.tokens.pg == "all" else int(mask.sum()), device=dev)  # [n]
