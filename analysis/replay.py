@@ -164,7 +164,7 @@ class RunLedger:
         """(model, tokenizer, image processor, optimizer) as `world` trainer ranks held them at `version`."""
         model, tokenizer, processor = load_policy(self.checkpoint(version))
         model.train()
-        optimizer = EmulatedFSDP(model, world, lr=config.lr, weight_decay=config.weight_decay)
+        optimizer = EmulatedFSDP(model, world, lr=config.lr, weight_decay=config.weight_decay, eps=config.adam_eps)
         state = load_full_state(self.checkpoints, self.run_id, version)
         if state is not None:  # the initial version has none: a fresh optimizer, as the trainer had
             optimizer.load_state(state["optimizer"]["state"])

@@ -157,7 +157,7 @@ def controlled(run_id: str, out_dir: Path, rl_minutes: float = 10.0, control: st
     seeds evaluated before and after; with `control="shuffled_rewards"` the same run whose advantages
     carry no information."""
     return LearningConfig(
-        suite="boxes", difficulty=None, templates=(target,), demo_templates=("named", "any"), demo_episodes=400,
+        suite="boxes", difficulty=None, templates=(target,), demo_templates=("named",), demo_episodes=300,
         sft_epochs=4, sft_batch_steps=4, rl_minutes=rl_minutes, rl_updates=rl_updates, eval_episodes=96,
         eval_split="test", temperature=1.0, workers=2, eval_workers=4, group_size=8, rl_eval_points=3, run_id=run_id,
         out_dir=out_dir, warm_start=warm_start, curriculum=CurriculumConfig(enabled=False), seed=seed,

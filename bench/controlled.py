@@ -43,7 +43,6 @@ def main(targets: str = "red,blue,green,black,colour", seeds: int = 3, first_see
          probe: bool = False, tag: str = "") -> None:
     from analysis import connect
     from analysis.probe import colour_probe
-    from analysis.replay import parse_overrides
     from app.learning import _published
     from analysis.curves import compare_versions_png, success_by_version
     from app.learning import controlled, controlled_warm_start, run_learning
@@ -52,7 +51,7 @@ def main(targets: str = "red,blue,green,black,colour", seeds: int = 3, first_see
 
     rows, curves = [], {}
     tag = tag or (f"-kl{kl_coef:g}" if kl_coef is not None else "")
-    overrides = parse_overrides(None, train)
+    overrides = dict(_pair(item) for item in train)
     with local_stack() as (_, settings, d):
         if warm_start is None:
             warm_start = controlled_warm_start(settings, d, say=console.print)
@@ -102,6 +101,14 @@ def main(targets: str = "red,blue,green,black,colour", seeds: int = 3, first_see
     collapsed = [r["run"] for r in real if r["rl"] < r["sft"]]
     console.print(f"collapses: {len(collapsed)} of {len(real)} runs {collapsed}; smallest rise "
                   f"{min(r['change'] for r in real):+.2f} (the goal: >= +0.40 on every run)")
+
+
+def _pair(item: str) -> tuple[str, object]:
+    key, _, value = item.partition("=")
+    try:
+        return key, json.loads(value)
+    except json.JSONDecodeError:
+        return key, value
 
 
 def _with(config, overrides: dict):

@@ -340,3 +340,20 @@ def test_starvation_names_its_cause_from_the_dropped_groups():
     assert s.cause == "all succeeded"
     s.add(dropped(mean_reward=0.0))
     assert s.cause == "mixed"
+
+
+def test_adam_eps_makes_a_tiny_gradient_move_a_weight_in_proportion():
+    """`TrainConfig.adam_eps`: AdamW's first step moves a weight by lr * g / (|g| + eps): by about lr
+    at the default whatever |g| (1e-7 here), by about lr * |g| / eps at eps = 1e-5 (1/100 of lr)."""
+    moved = {}
+    for eps in (1e-8, 1e-5):
+        layer = torch.nn.Linear(1, 1, bias=False)
+        with torch.no_grad():
+            layer.weight.fill_(1.0)
+        optimizer = EmulatedFSDP(layer, 1, lr=1e-3, weight_decay=0.0, eps=eps)
+        layer.weight.grad = torch.full_like(layer.weight, 1e-7)
+        optimizer.after_backward()
+        optimizer.clip_and_step(1.0)
+        moved[eps] = 1.0 - float(layer.weight.detach())
+    assert moved[1e-8] == pytest.approx(1e-3 * 1e-7 / (1e-7 + 1e-8), rel=1e-3)
+    assert moved[1e-5] == pytest.approx(1e-3 * 1e-7 / (1e-7 + 1e-5), rel=1e-2)

@@ -54,6 +54,10 @@ class TrainConfig(BaseModel):
     None keeps it constant."""
     min_lr_ratio: float = Field(default=0.1, ge=0, le=1)
     weight_decay: float = 0.0
+    adam_eps: float = Field(default=1e-8, gt=0)
+    """AdamW's epsilon. Adam moves a weight by about lr whatever its gradient's size; a weight whose
+    gradient is far below `adam_eps` moves in proportion to it instead. RL's noisy, sparse gradients
+    move every weight by lr at the default (torch's 1e-8); CleanRL's PPO uses 1e-5."""
     max_grad_norm: float = Field(default=1.0, gt=0)
     """Global gradient-norm clip."""
     entropy_coef: float = 0.0

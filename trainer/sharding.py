@@ -120,9 +120,9 @@ def clip_(grads: list[torch.Tensor], norm: float, max_norm: float) -> None:
 class FSDPOptimizer:
     """AdamW over this rank's FSDP2 shards, with the clip computed as `EmulatedFSDP` replays it."""
 
-    def __init__(self, model: torch.nn.Module, lr: float, weight_decay: float):
+    def __init__(self, model: torch.nn.Module, lr: float, weight_decay: float, eps: float = 1e-8):
         self.model = model
-        self.optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay, eps=eps)
         self.param_groups = self.optimizer.param_groups
 
     def zero_grad(self) -> None:
@@ -148,13 +148,14 @@ class FSDPOptimizer:
 class EmulatedFSDP:
     """`world` FSDP2 ranks' gradient reduction, clip and AdamW on one plain model in one process."""
 
-    def __init__(self, model: torch.nn.Module, world: int, lr: float, weight_decay: float):
+    def __init__(self, model: torch.nn.Module, world: int, lr: float, weight_decay: float, eps: float = 1e-8):
         self.model, self.world = model, world
         self.params = dict(model.named_parameters())
         # views into the model's own storage: each rank's AdamW updates its slice of the weights in place
         self.slices = {name: [torch.nn.Parameter(c) for c in chunks(p.detach(), world)]
                        for name, p in self.params.items()}
-        self.optimizers = [torch.optim.AdamW([s[r] for s in self.slices.values()], lr=lr, weight_decay=weight_decay)
+        self.optimizers = [torch.optim.AdamW([s[r] for s in self.slices.values()], lr=lr, weight_decay=weight_decay,
+                                             eps=eps)
                            for r in range(world)]
         self.param_groups = [g for o in self.optimizers for g in o.param_groups]
         self._rank, self._micro, self._grad = 0, None, None

@@ -176,7 +176,7 @@ def _start(config: TrainConfig, settings: StackSettings, device: torch.device) -
 
     base = ensure_policy(config.model_dir)  # the tokenizer and image processor, which no update changes
     model = sharded(weights(latest) if not resumed else base, load=not resumed)
-    optimizer = FSDPOptimizer(model, lr=config.lr, weight_decay=config.weight_decay)
+    optimizer = FSDPOptimizer(model, lr=config.lr, weight_decay=config.weight_decay, eps=config.adam_eps)
     if resumed and not load_sharded(checkpoints, config.run_id, latest.version, model, optimizer.optimizer):
         load_shards(model, weights(latest))  # a version stored without its trainer state: weights only
     tokenizer = load_tokenizer(base)

@@ -187,8 +187,8 @@ class BoxesSuite:
 
 
 def thought(task: Task) -> str:
-    """The oracle's thought: it restates the instruction's colour, never the box it then picks (in the
-    `named` demonstrations a random one: naming it would teach the mark to copy a random word, not to
-    read the instruction)."""
+    """The oracle's thought restates the instruction's colour, never the box it then picks (in `named` a
+    uniform one: naming it would teach the mark to copy a random word, not to read the instruction);
+    "click a box" where the instruction names none (`any`)."""
     named = task.judge.get("named")
     return "click a box" if named is None else f"click the {named} box"
