@@ -71,7 +71,7 @@ def learned(module_settings, boxes_warm_start, tmp_path_factory):
     control = run_learning(settings, replace(
         controlled(f"{real.run_id}-shuffled", out, control="shuffled_rewards", warm_start=boxes_warm_start,
                    target=TARGET, seed=SEED, rl_updates=CONTROLLED_UPDATES // 2, rl_minutes=CAP_MINUTES),
-        rl_eval_points=1, eval_episodes=EVAL_EPISODES, sft_measured_by=real.run_id))
+        rl_eval_points=1, eval_episodes=EVAL_EPISODES, sft_measured_by=real.run_id, sharpening=()))
     return settings, real, control
 
 
