@@ -367,7 +367,8 @@ def _run_async(settings, config: RunConfig, run_id: str, progress: RunProgress, 
 def _run_sync(settings, config: RunConfig, run_id: str, progress: RunProgress, deadline: float, trainer) -> None:
     batch = config.train.groups_per_update
     dispatched = 0
-    while time.monotonic() < deadline and trainer.poll() is None and not progress.starved(config.patience):
+    while (time.monotonic() < deadline and trainer.poll() is None and not progress.starved(config.patience)
+           and not _finished(progress, config.train.max_updates)):
         version = progress.version
         # collect until the trainer can fill a batch: every group it dropped must be replaced
         needed = batch
@@ -396,6 +397,11 @@ def _wait_for_trainer(progress: RunProgress, version: int, dispatched: int, batc
             return batch - held
         time.sleep(0.2)
     return 0
+
+
+def _finished(progress: RunProgress, max_updates: int | None) -> bool:
+    """The trainer has made its last update (it is exiting): no new round of rollouts is needed."""
+    return max_updates is not None and len(progress.updates) >= max_updates
 
 
 CATCH_UP_S = 60.0

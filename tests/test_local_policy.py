@@ -472,3 +472,19 @@ def test_a_pushed_version_loads_from_memory_and_anything_else_from_the_checkpoin
     assert pol.delivered[2] == "store"
     assert torch.equal(pol.model.lm_head.weight, load_policy(checkpoint)[0].lm_head.weight)
     pol.close()
+
+
+def test_a_pool_built_after_the_trainer_closed_its_push_loads_from_the_store(monkeypatch):
+    """A sync run's new pool can start just as its trainer, done with its `max_updates`, closes the
+    push: no sender answers, and the policy takes its versions from the store instead of failing."""
+    import socket
+    from datetime import timedelta
+
+    import model.push
+    from rollout.policy.local import _receiver
+
+    monkeypatch.setattr(model.push, "TIMEOUT", timedelta(seconds=2))  # nothing listens: fail fast
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # a port nobody serves
+    assert _receiver(f"127.0.0.1:{port}") is None

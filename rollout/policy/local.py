@@ -15,6 +15,7 @@ image features that do not exist. The inputs and that function are the model lay
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -83,7 +84,7 @@ class LocalPolicy:
         # Callers wait on their own threads: every worker must be able to wait in the queue at once
         # (asyncio's default executor has cores + 4 threads, which would cap the batch).
         self._executor = ThreadPoolExecutor(max_workers=64, thread_name_prefix="local-policy")
-        self._push = WeightReceiver(push_address) if push_address else None
+        self._push = _receiver(push_address) if push_address else None
         self.delivered: dict[int, str] = {}
         """How each loaded version came: "push" (the trainer's direct push) or "store" (the checkpoint)."""
 
@@ -193,3 +194,14 @@ def _local_path(uri: str) -> Path:
             raise FileNotFoundError(f"no HF checkpoint (config.json) in {path}")
         return path
     raise ValueError(f"LocalPolicy loads local checkpoints only (download {uri!r} first)")
+
+
+def _receiver(address: str) -> WeightReceiver | None:
+    """The trainer's push, or None (versions come from the store) when no sender answers at `address`:
+    a trainer that made its last update has closed it, and a pool built then still needs no push."""
+    try:
+        return WeightReceiver(address)
+    except torch.distributed.DistNetworkError as exc:
+        logging.getLogger(__name__).warning("weight push: no sender at %s (%s); loading versions from the store",
+                                            address, str(exc).splitlines()[0])
+        return None
