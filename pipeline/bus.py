@@ -20,6 +20,7 @@ from kafka.admin import KafkaAdminClient, NewTopic
 from kafka.errors import (
     CommitFailedError,
     IllegalGenerationError,
+    KafkaConnectionError,
     RebalanceInProgressError,
     TopicAlreadyExistsError,
     UnknownMemberIdError,
@@ -371,9 +372,11 @@ class EventConsumer:
                 self._kafka.commit()
             else:
                 self._kafka.commit({TopicPartition(t, p): OffsetAndMetadata(o, "", -1) for (t, p), o in offsets.items()})
-        except (CommitFailedError, RebalanceInProgressError, IllegalGenerationError, UnknownMemberIdError):
+        except (CommitFailedError, RebalanceInProgressError, IllegalGenerationError, UnknownMemberIdError,
+                KafkaConnectionError):
             # kafka-python 3 raises the broker's own error when a rebalance starts mid-commit (a second
-            # ledger writer joining): uncaught, it killed the running writer (seen in a full test run)
+            # ledger writer joining), and a connection error when the broker is down mid-commit (its
+            # restart): uncaught, either killed the running writer (seen in full test runs)
             self.failed_commits += 1
             return False
         return True
