@@ -177,12 +177,19 @@ answered by `analysis.rebatch` (`awrl rebatch`) instead."""
 
 
 def with_overrides(config: TrainConfig, overrides: dict[str, object]) -> TrainConfig:
-    """`config` with dotted keys replaced (`grpo.normalizer=token`), validated like any config."""
-    doc = json.loads(config.model_dump_json())
-    for key, value in overrides.items():
+    """`config` with dotted keys replaced (`grpo.normalizer=token`), validated like any config; a key that
+    changes which groups form a batch is refused (replay keeps the recorded batches)."""
+    for key in overrides:
         if key in BATCH_KEYS:
             raise KeyError(f"{key!r} changes which groups form a batch; replay keeps the recorded batches "
                            f"(use `awrl rebatch` for it)")
+    return set_fields(config, overrides)
+
+
+def set_fields(config: TrainConfig, overrides: dict[str, object]) -> TrainConfig:
+    """`config` with dotted keys replaced, any field (a new run's configuration, not a replay's)."""
+    doc = json.loads(config.model_dump_json())
+    for key, value in overrides.items():
         *path, leaf = key.split(".")
         node = doc
         for part in path:
@@ -198,20 +205,26 @@ def parse_overrides(variant: str | None, sets: list[str]) -> dict[str, object]:
     the config before any model is loaded: what `awrl replay` and the `replay` asset both take."""
     if variant and variant not in VARIANTS:
         raise ValueError(f"unknown variant {variant!r}; known: {', '.join(VARIANTS)}")
-    overrides: dict[str, object] = dict(VARIANTS[variant]) if variant else {}
-    for item in sets:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise ValueError(f"--set takes KEY=VALUE (e.g. grpo.k=5), not {item!r}")
-        try:
-            overrides[key] = json.loads(value)
-        except json.JSONDecodeError:
-            overrides[key] = value
+    overrides: dict[str, object] = (dict(VARIANTS[variant]) if variant else {}) | parse_values(sets)
     try:
         with_overrides(TrainConfig(run_id="-"), overrides)
     except (KeyError, ValueError) as exc:
         raise ValueError(" ".join(str(exc).split())) from None
     return overrides
+
+
+def parse_values(items: list[str]) -> dict[str, object]:
+    """`KEY=VALUE` items as a dict: JSON values, else strings."""
+    out: dict[str, object] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--set takes KEY=VALUE (e.g. grpo.k=5), not {item!r}")
+        try:
+            out[key] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key] = value
+    return out
 
 
 def update_range(text: str) -> range:

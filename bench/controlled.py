@@ -43,6 +43,7 @@ def main(targets: str = "red,blue,green,black,colour", seeds: int = 3, first_see
          probe: bool = False, tag: str = "") -> None:
     from analysis import connect
     from analysis.probe import colour_probe
+    from analysis.replay import parse_values, set_fields
     from app.learning import _published
     from analysis.curves import compare_versions_png, success_by_version
     from app.learning import controlled, controlled_warm_start, run_learning
@@ -51,7 +52,7 @@ def main(targets: str = "red,blue,green,black,colour", seeds: int = 3, first_see
 
     rows, curves = [], {}
     tag = tag or (f"-kl{kl_coef:g}" if kl_coef is not None else "")
-    overrides = dict(_pair(item) for item in train)
+    overrides = parse_values(train)
     with local_stack() as (_, settings, d):
         if warm_start is None:
             warm_start = controlled_warm_start(settings, d, say=console.print)
@@ -69,7 +70,7 @@ def main(targets: str = "red,blue,green,black,colour", seeds: int = 3, first_see
                                         rl_updates=rl_updates, rl_minutes=rl_minutes, seed=seed)
                     if kl_coef is not None:
                         overrides["kl_coef"] = kl_coef
-                    config = replace(config, train=_with(config.train, overrides))
+                    config = replace(config, train=set_fields(config.train, overrides))
                     run = run_learning(own, config, say=console.print)
                     probed = None
                     if probe:
@@ -101,26 +102,6 @@ def main(targets: str = "red,blue,green,black,colour", seeds: int = 3, first_see
     collapsed = [r["run"] for r in real if r["rl"] < r["sft"]]
     console.print(f"collapses: {len(collapsed)} of {len(real)} runs {collapsed}; smallest rise "
                   f"{min(r['change'] for r in real):+.2f} (the goal: >= +0.40 on every run)")
-
-
-def _pair(item: str) -> tuple[str, object]:
-    key, _, value = item.partition("=")
-    try:
-        return key, json.loads(value)
-    except json.JSONDecodeError:
-        return key, value
-
-
-def _with(config, overrides: dict):
-    """`config` (a TrainConfig) with dotted keys set, validated like any config."""
-    doc = json.loads(config.model_dump_json())
-    for key, value in overrides.items():
-        *path, leaf = key.split(".")
-        node = doc
-        for part in path:
-            node = node[part]
-        node[leaf] = value
-    return type(config).model_validate(doc)
 
 
 if __name__ == "__main__":
