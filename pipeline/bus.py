@@ -8,6 +8,7 @@ dead-letter topic with the reason in headers, and the consumer moves on.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 import uuid
@@ -21,6 +22,7 @@ from kafka.errors import (
     CommitFailedError,
     IllegalGenerationError,
     KafkaConnectionError,
+    KafkaTimeoutError,
     RebalanceInProgressError,
     TopicAlreadyExistsError,
     UnknownMemberIdError,
@@ -28,7 +30,7 @@ from kafka.errors import (
 from kafka.structs import OffsetAndMetadata, TopicPartition
 from pydantic import ValidationError
 
-from pipeline import health
+from pipeline import health, kafka_waits
 from pipeline.hashing import sha256_hex
 from pipeline.outbox import Outbox, Pending, Reconciler
 from pipeline.receipts import ReceiptReader
@@ -38,6 +40,9 @@ from pipeline.topics import ALL_TOPICS, DEAD_LETTER, Topic, accepts, partition_k
 from schemas import Event, decode_event, encode_event
 
 Headers = list[tuple[str, bytes]]
+
+kafka_waits.install()
+log = logging.getLogger(__name__)
 
 
 def topic_name(settings: StackSettings, topic: Topic) -> str:
@@ -291,7 +296,11 @@ class EventConsumer:
 
     def poll(self, timeout_ms: int = 1000, max_records: int | None = None) -> list[Delivered]:
         health.beat()
-        batches = self._kafka.poll(timeout_ms=timeout_ms, max_records=max_records)
+        try:
+            batches = self._kafka.poll(timeout_ms=timeout_ms, max_records=max_records)
+        except KafkaTimeoutError as exc:  # the client's IO loop wedged (kafka_waits): poll again
+            log.warning("poll: %s", exc)
+            return []
         if self._broker_replaced():
             return []
         out: list[Delivered] = []
@@ -373,7 +382,7 @@ class EventConsumer:
             else:
                 self._kafka.commit({TopicPartition(t, p): OffsetAndMetadata(o, "", -1) for (t, p), o in offsets.items()})
         except (CommitFailedError, RebalanceInProgressError, IllegalGenerationError, UnknownMemberIdError,
-                KafkaConnectionError):
+                KafkaConnectionError, KafkaTimeoutError):
             # kafka-python 3 raises the broker's own error when a rebalance starts mid-commit (a second
             # ledger writer joining), and a connection error when the broker is down mid-commit (its
             # restart): uncaught, either killed the running writer (seen in full test runs)
