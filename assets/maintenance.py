@@ -6,7 +6,7 @@ files younger than a minute and the writer's journaled files alone, and deletes 
 minute after the switch, so queries running meanwhile still see every row once.
 
 Passes that overlap (two sensor runs, or `awrl ledger compact` beside Dagster) leave every row once:
-the first to commit wins (`pipeline.compaction`). The pool `ledger_compaction` (limit 1 in
+a pass whose files another pass claimed gives way (`pipeline.compaction`). The pool `ledger_compaction` (limit 1 in
 `dagster.yaml`) keeps Dagster's own passes from overlapping, so none wastes its work.
 """
 

@@ -1,32 +1,51 @@
 """Compaction: a run's small ledger files merged into large sorted ones, every row exactly once, and
-readers never see a partial state, even when passes over one directory run at the same time.
+readers never see a partial state, whatever the passes, finishers and readers over one directory do
+and however long any of them stalls at any step.
 
 A writer flushes every 0.25 s, so a run leaves thousands of files of a few rows. `compact` merges one
 `run_id=/event_type=` directory's small files into one file per ~`target_rows`, sorted by (trajectory,
-step) or (emitted_at) so that DuckDB's row-group statistics prune on the common filters.
+step) or (emitted_at) so that DuckDB's row-group statistics prune on the common filters; a merge keeps
+the first row of each `event_id` (a duplicate that reached the ledger goes at the next pass).
 
-The switch is one atomic write, of a manifest beside the files, `_compaction-<id>.json`:
-1. the manifest is written "pending": the new file is invisible (`visibility` below);
-2. the new file is written;
-3. the pass lists the directory's manifests again and gives up (deletes its outputs and manifest) if a
-   committed pass already took one of its sources;
-4. the manifest is rewritten "committed", naming the sources: from now on the sources are hidden and
-   the new file visible, for every reader that lists files after this (`pipeline.ledger.list_parquet`);
-5. a later pass, once `grace_s` has passed (readers that listed before step 4 have finished), deletes
-   the sources, then the manifest.
-A crash before 4 leaves a pending manifest and an invisible file, which a pass deletes once the
-manifest is `abandoned_s` old; after 4, the next pass finishes step 5.
+Each pass has a manifest beside the files, `_compaction-<id>.json`, rewritten whole (an atomic put; no
+conditional write needed) through these states:
+1. `pending`, naming the sources the pass chose: its *claim*, written before it reads them;
+2. the pass lists the directory and gives up (deletes its manifest) if another manifest that is not a
+   tombstone names one of its sources, or if a source is no longer visible;
+3. it reads its sources and writes its outputs (named by its prefix: invisible until 5);
+4. `committing`, naming its outputs, then the check of 2 again (and its outputs present);
+5. `committed`: the commit point. Its sources are hidden and its outputs visible (`visibility`);
+6. a later pass, past `grace_s`, deletes the sources, then the manifest (the outputs become plain files).
 
-Two passes can still both pass step 3 and commit (an object store without conditional writes, such as
-radosgw, offers no lock that would stop them): both merged the same sources. So readers count only the
-first committed pass of any that overlap, by (`committed_at`, manifest name), the same choice in every
-listing; a later overlapping pass *loses*: its sources are not hidden by it and its outputs are
-invisible. The next pass marks it "aborted" and deletes its outputs after the grace, before the winner's
-manifest can go. The one assumption: the clocks of hosts that compact one ledger agree within
-`min_age_s`, the age below which no pass merges a file (so no pass merges a loser's outputs).
+The invariant: no two passes commit a common source, and a pass commits only sources that were visible
+and still existed after its claim. 1-2 and 4 are Dekker's entry protocol: of two passes whose sources
+overlap, the one that writes its manifest later lists after the other's write and gives up; both can
+pass their checks only if the other's manifest was gone by then: it gave up (and never commits), or it
+committed and was finished, so its sources were deleted before its manifest, before our claim, and our
+read or check finds them missing. No check is outrun by a stall: what a pass sees in a check was written
+before the check, and what it misses was written after its own manifest, whose writer then sees that.
+A pending claim older than `abandoned_s` (a pass that died) may be *superseded*: a new pass claims the
+same sources naming the old manifest, and ignores it in its checks while it is still `pending`; the old
+pass, if it was only stalled, sees the newer claim at its step 4 and gives up, and the new one gives up
+if the old reached `committing` first. A claim that can never commit (a source gone, or committed by
+another pass) loses its outputs and becomes a tombstone (`aborted`), kept, so that outputs its pass may
+still write if it was only stalled stay invisible. So neither `abandoned_s` nor `grace_s` bounds anything
+correctness needs: the first says when a claim may be taken over, the second how long a query that
+listed before a finish may read the deleted files (a longer one fails with a missing file; it never
+miscounts). A pass killed between steps 4 and 5 leaves its sources claimed (visible, not compacted):
+nothing can tell it from one stalled there.
+
+What a reader relies on: it lists the files, then reads each listed manifest (`view_steps`). A committed
+manifest hides its sources only if all its outputs are in that listing: a pass that committed after the
+listing hides nothing from it, and its outputs are not in it. A manifest that vanished in between (its
+pass finished or gave up, deleting its sources or its outputs first) means listing again. Every other
+manifest's outputs are invisible. Files that match no manifest are visible. So every reader reads each
+row once, as one of: the sources, the outputs of the one pass that committed them.
 
 Files the ledger writer's journal names (its last flush per partition, `pipeline.journal`) and files
-younger than `min_age_s` are never compacted: the journal must find them as written.
+younger than `min_age_s` are never compacted: the journal must find them as written. Each step of a pass
+is a `yield` of `compaction_steps`, which `compact` runs through; tests drive the same generator one
+step at a time to interleave passes and readers in every order.
 """
 
 from __future__ import annotations
@@ -34,14 +53,18 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from dataclasses import dataclass, field
+from collections.abc import Callable, Generator
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 MANIFEST_PREFIX = "_compaction-"
+Steps = Generator[str, None, object]
+"""A protocol run one storage action at a time: each `yield` names the action about to happen."""
 
 
 @dataclass(frozen=True)
@@ -53,14 +76,28 @@ class CompactionConfig:
     min_files: int = 2
     """Compact a directory only if it has at least this many small files."""
     min_age_s: float = 60.0
-    """Leave files younger than this alone (a writer's newest flush, named by its journal; a pass that
-    lost to an overlapping one, whose outputs may have been visible for a moment)."""
+    """Leave files younger than this alone (a writer's newest flush, named by its journal)."""
     grace_s: float = 60.0
     """Delete superseded files only this long after the switch: a query that listed the files before
     it may still be reading them (a longer query fails with a missing file, it never double counts)."""
     abandoned_s: float = 600.0
-    """A pending manifest this old belongs to a pass that died: its outputs and it are deleted. Longer
-    than any pass, so a slow pass is never cleaned up under its feet."""
+    """A pending claim this old may be taken over by a new pass (the old one, if it resumes, gives way).
+    Only liveness depends on it."""
+
+
+@dataclass(frozen=True)
+class Safeguards:
+    """The protocol's checks, each switchable off only so that a test can show the fault it prevents."""
+    claims: bool = True
+    """Steps 2 and 4 look at other passes' claims and at the sources' visibility; off: only at committed
+    manifests naming a source (this module's check before issue 41)."""
+    listed_outputs: bool = True
+    """A committed pass hides its sources only from a reader that listed all of its outputs."""
+    dedupe: bool = True
+    """A merge keeps the first row of each `event_id`."""
+
+
+SAFE = Safeguards()
 
 
 @dataclass
@@ -70,76 +107,124 @@ class CompactionResult:
     rows: int = 0
     deleted: int = 0
     yielded: bool = False
-    """The pass found its sources taken by a pass that committed first, and removed its own outputs."""
+    """The pass found its sources claimed or gone, and removed its own outputs and manifest."""
 
 
 @dataclass(frozen=True)
 class Manifest:
     path: str
     state: str
-    """pending, committed (the winner of any overlap, or a loser not yet marked) or aborted."""
+    """pending, committing, committed or aborted (a tombstone)."""
     prefix: str
     """Of the pass's output files' names."""
-    sources: frozenset[str]
-    """Full paths of the files the pass merged (committed and aborted passes)."""
-    at: float
-    """committed_at, aborted_at, or the pending manifest's mtime."""
+    sources: frozenset[str] = frozenset()
+    outputs: frozenset[str] = frozenset()
+    """Full paths, named from `committing` on."""
+    supersedes: frozenset[str] = frozenset()
+    """Paths of the abandoned pending manifests whose sources this pass took over."""
+    at: float = 0.0
+    """committed_at, or when the claim (or tombstone) was written."""
 
     @property
     def directory(self) -> str:
         return self.path.rsplit("/", 1)[0]
 
-    def outputs(self, paths) -> set[str]:
+    def files(self, paths) -> set[str]:
         return {p for p in paths if p.startswith(f"{self.directory}/{self.prefix}")}
+
+    def doc(self, **changes) -> bytes:
+        m = replace(self, **changes)
+        names = lambda paths: sorted(p.rsplit("/", 1)[-1] for p in paths)  # noqa: E731
+        return json.dumps({"state": m.state, "prefix": m.prefix, "sources": names(m.sources), "at": m.at,
+                           "outputs": names(m.outputs), "supersedes": names(m.supersedes)}).encode()
 
 
 @dataclass
 class Visibility:
     hidden: set[str] = field(default_factory=set)
-    """Sources of winning passes."""
+    """Sources of committed passes."""
     invisible: set[str] = field(default_factory=set)
-    """Outputs of pending, aborted and losing passes."""
+    """Outputs of every other manifest."""
     winners: list[Manifest] = field(default_factory=list)
-    losers: list[Manifest] = field(default_factory=list)
 
 
-def read_manifests(fs: pafs.FileSystem, infos: dict[str, pafs.FileInfo | None]) -> list[Manifest]:
-    """The manifests among one listing's files (path -> FileInfo, or None where the mtime is not needed)."""
-    out = []
-    for path in sorted(infos):
-        name = path.rsplit("/", 1)[-1]
-        if not (name.startswith(MANIFEST_PREFIX) and name.endswith(".json")):
-            continue
-        try:
-            doc = json.loads(_read(fs, path))
-        except FileNotFoundError:  # deleted by a finishing pass since the listing
-            continue
-        directory, info = path.rsplit("/", 1)[0], infos[path]
-        at = doc.get("committed_at") or doc.get("aborted_at") or (info.mtime.timestamp() if info else time.time())
-        prefix = doc.get("prefix") or f"part-compact-{name[len(MANIFEST_PREFIX):-len('.json')]}-"
-        sources = frozenset(f"{directory}/{s}" for s in doc.get("sources", ()))
-        out.append(Manifest(path, doc["state"], prefix, sources, at))
-    return out
+@dataclass(frozen=True)
+class View:
+    """One listing, and the manifests in it as read after it."""
+    paths: dict[str, pafs.FileInfo | None]
+    manifests: list[Manifest]
+
+    def visibility(self, safeguards: Safeguards = SAFE) -> Visibility:
+        return visibility(self.manifests, self.paths, safeguards)
+
+    def live(self, safeguards: Safeguards = SAFE) -> list[str]:
+        v = self.visibility(safeguards)
+        return sorted(p for p in self.paths if p.endswith(".parquet") and p not in v.hidden and p not in v.invisible)
 
 
-def visibility(manifests: list[Manifest], paths, first_commit_wins: bool = True) -> Visibility:
-    """Which files a listing's manifests hide. Of committed passes whose sources overlap, the first to
-    commit wins. `first_commit_wins=False` counts every committed pass, as this module did before it
-    handled concurrent passes: only to show the duplication the rule prevents."""
+def visibility(manifests: list[Manifest], paths, safeguards: Safeguards = SAFE) -> Visibility:
+    """Which of a listing's files its manifests hide (see the module docstring)."""
     v = Visibility()
-    for m in sorted(manifests, key=lambda m: (m.at, m.path)):
-        if m.state == "committed" and (not first_commit_wins or not (m.sources & v.hidden)):
+    for m in manifests:
+        if m.state == "committed" and (m.outputs <= paths.keys() if safeguards.listed_outputs else True):
             v.winners.append(m)
             v.hidden |= m.sources
         else:
-            (v.losers if m.state == "committed" else []).append(m)
-            v.invisible |= m.outputs(paths)
+            v.invisible |= m.files(paths)
     return v
 
 
-def manifest_rule(fs: pafs.FileSystem, paths: set[str], first_commit_wins: bool = True) -> tuple[set[str], set[str]]:
-    """(hidden, invisible) for one listing's files: `visibility` of the manifests among them."""
-    v = visibility(read_manifests(fs, dict.fromkeys(paths)), paths, first_commit_wins)
+def run(steps: Steps):
+    """A protocol's steps run through without pausing; its result."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value
+
+
+def view_steps(fs: pafs.FileSystem, root: str, recursive: bool = False) -> Steps:
+    """A listing, then each manifest in it read; listed again if one vanished in between (a pass finished
+    or gave up meanwhile, so the listing may hold its sources and its outputs both)."""
+    while True:
+        yield f"list {root}"
+        try:
+            infos = fs.get_file_info(pafs.FileSelector(root, recursive=recursive, allow_not_found=True))
+        except FileNotFoundError:
+            infos = []
+        paths = {i.path: i for i in infos if i.type == pafs.FileType.File}
+        manifests = []
+        for path in sorted(p for p in paths if _is_manifest(p)):
+            yield f"read {path}"
+            try:
+                manifests.append(_parse(path, json.loads(_read(fs, path)), paths[path]))
+            except FileNotFoundError:
+                break
+        else:
+            return View(paths, manifests)
+
+
+def visible_files(fs: pafs.FileSystem, root: str) -> list[str]:
+    """The Parquet files a reader of `root` (recursively) reads: each row exactly once."""
+    return run(view_steps(fs, root, recursive=True)).live()
+
+
+def read_manifests(fs: pafs.FileSystem, infos: dict[str, pafs.FileInfo | None]) -> list[Manifest]:
+    """The manifests among one listing's files (those deleted since the listing are left out)."""
+    out = []
+    for path in sorted(p for p in infos if _is_manifest(p)):
+        try:
+            out.append(_parse(path, json.loads(_read(fs, path)), infos[path]))
+        except FileNotFoundError:
+            continue
+    return out
+
+
+def manifest_rule(fs: pafs.FileSystem, paths: set[str], safeguards: Safeguards = SAFE) -> tuple[set[str], set[str]]:
+    """(hidden, invisible) for one listing's files. `visible_files` also lists again when a manifest
+    vanished after the listing; this does not."""
+    infos = dict.fromkeys(paths)
+    v = visibility(read_manifests(fs, infos), infos, safeguards)
     return v.hidden, v.invisible
 
 
@@ -149,102 +234,173 @@ def compact(fs: pafs.FileSystem, directory: str, protected: set[str], config: Co
     the journal names; `put(path, bytes)`: an atomic write (local or S3)."""
     from pipeline.files import write_atomic
 
-    put = put or write_atomic
+    return run(compaction_steps(fs, directory, protected, config, put or write_atomic))
+
+
+def compaction_steps(fs: pafs.FileSystem, directory: str, protected: set[str], config: CompactionConfig, put,
+                     clock: Callable[[], float] = time.time, name: str | None = None,
+                     safeguards: Safeguards = SAFE) -> Steps:
+    """`compact`, one storage action per step; returns its `CompactionResult`. `clock` dates claims and
+    commits; `name`, the pass's id (unique, by default from the time and a random part)."""
     result = CompactionResult()
-    paths = _listing(fs, directory)
-    _finish(fs, paths, config, result, put)
-    v = visibility(read_manifests(fs, paths), paths)
-    live = sorted(p for p in paths if p.endswith(".parquet") and p not in v.hidden and p not in v.invisible)
+    yield from _finish(fs, (yield from view_steps(fs, directory)), config, clock(), put, result, safeguards)
+    view = yield from view_steps(fs, directory)
+    live = view.live(safeguards)
     result.files_before = result.files_after = len(live)
-    now = time.time()
-    small = [p for p in live if p not in protected and now - paths[p].mtime.timestamp() >= config.min_age_s
-             and pq.ParquetFile(p, filesystem=fs).metadata.num_rows < config.small_rows]
+    candidates, supersedes = _claimable(view, live, protected, config, clock(), safeguards)
+    small = []
+    for path in candidates:
+        yield f"inspect {path}"
+        try:
+            if pq.ParquetFile(path, filesystem=fs).metadata.num_rows < config.small_rows:
+                small.append(path)
+        except FileNotFoundError:  # finished by another pass since the listing
+            pass
     if len(small) < config.min_files:
         return result
-    cid = f"{datetime.now(UTC).strftime('%Y%m%dT%H%M%S%f')}-{uuid.uuid4().hex[:8]}"
-    manifest = f"{directory}/{MANIFEST_PREFIX}{cid}.json"
-    prefix = f"part-compact-{cid}-"
+    cid = name or f"{datetime.now(UTC).strftime('%Y%m%dT%H%M%S%f')}-{uuid.uuid4().hex[:8]}"
+    me = Manifest(f"{directory}/{MANIFEST_PREFIX}{cid}.json", "pending", f"part-compact-{cid}-", frozenset(small),
+                  supersedes=frozenset(m.path for m in supersedes if m.sources & set(small)), at=clock())
+    yield f"claim {me.path}"
+    put(me.path, me.doc())
+    if not (yield from _still_ours(fs, me, safeguards)):
+        return (yield from _give_up(fs, me, [], result))
     outputs: list[str] = []
-    put(manifest, json.dumps({"state": "pending", "prefix": prefix}).encode())
-    try:
-        for chunk in _chunks(fs, small, config.target_rows):  # one output's rows in memory at a time
-            outputs.append(f"{prefix}{len(outputs):03d}.parquet")
-            put(f"{directory}/{outputs[-1]}", _sorted_parquet(chunk))
-            result.rows += chunk.num_rows
-        taken = _taken(fs, directory, set(small))
-    except FileNotFoundError:  # a source deleted under this pass: another pass merged it and finished
-        taken = True
-    if taken:
-        for path in [f"{directory}/{o}" for o in outputs] + [manifest]:
-            _delete(fs, path)
-        result.rows, result.yielded = 0, True
-        return result
-    put(manifest, json.dumps({"state": "committed", "prefix": prefix, "outputs": outputs, "committed_at": time.time(),
-                              "sources": [p.rsplit("/", 1)[-1] for p in small]}).encode())
+    if not (yield from _merge(fs, me, small, config, put, safeguards, result, outputs)):
+        return (yield from _give_up(fs, me, outputs, result))
+    me = replace(me, state="committing", outputs=frozenset(outputs))
+    yield f"committing {me.path}"
+    put(me.path, me.doc())
+    if not (yield from _still_ours(fs, me, safeguards)):
+        return (yield from _give_up(fs, me, outputs, result))
+    yield f"commit {me.path}"
+    put(me.path, me.doc(state="committed", at=clock()))
     result.files_after = len(live) - len(small) + len(outputs)
     return result
 
 
-def _taken(fs: pafs.FileSystem, directory: str, sources: set[str]) -> bool:
-    """Step 3: has a committed pass merged any of `sources` since this pass listed them?"""
-    manifests = read_manifests(fs, _listing(fs, directory))
-    return any(m.state == "committed" and m.sources & sources for m in manifests)
+def _claimable(view: View, live: list[str], protected: set[str], config: CompactionConfig, now: float,
+               safeguards: Safeguards):
+    """Live files no standing claim names (oldest first: a run's first steps first), and the abandoned
+    pending claims whose files they include."""
+    abandoned = [m for m in view.manifests if m.state == "pending" and now - m.at >= config.abandoned_s]
+    standing = [m for m in view.manifests if m.state != "aborted" and m not in abandoned and safeguards.claims]
+    claimed = set().union(*(m.sources for m in standing))
+    files = [p for p in live if p not in protected and p not in claimed
+             and (view.paths[p] is None or now - view.paths[p].mtime.timestamp() >= config.min_age_s)]
+    return files, abandoned
 
 
-def _listing(fs: pafs.FileSystem, directory: str) -> dict[str, pafs.FileInfo]:
-    infos = fs.get_file_info(pafs.FileSelector(directory, allow_not_found=True))
-    return {i.path: i for i in infos if i.type == pafs.FileType.File}
+def _still_ours(fs: pafs.FileSystem, me: Manifest, safeguards: Safeguards) -> Steps:
+    """Steps 2 and 4: no other live manifest claims one of our sources (but the abandoned claims we took
+    over, while still pending), and our sources are visible, our outputs present."""
+    view = yield from view_steps(fs, me.directory)
+    for m in view.manifests:
+        if m.path == me.path or m.state == "aborted" or not m.sources & me.sources:
+            continue
+        if safeguards.claims and not (m.state == "pending" and m.path in me.supersedes):
+            return False
+        if not safeguards.claims and m.state == "committed":
+            return False
+    live = set(view.live(safeguards))
+    return not safeguards.claims or (me.sources <= live and me.outputs <= view.paths.keys())
 
 
-def _chunks(fs: pafs.FileSystem, paths: list[str], rows: int):
-    """The files' rows, in file order, as tables of about `rows` rows (whole files: a file is never split)."""
+def _merge(fs: pafs.FileSystem, me: Manifest, small: list[str], config: CompactionConfig, put,
+           safeguards: Safeguards, result: CompactionResult, outputs: list[str]) -> Steps:
+    """Step 3: the sources' rows, in file order, as `outputs` of about `target_rows` rows (a file is never
+    split; one output's rows in memory at a time); False if a source is gone."""
     parts, n = [], 0
-    for path in paths:
-        parts.append(pq.read_table(path, filesystem=fs))
+    for i, path in enumerate(small):
+        yield f"read {path}"
+        try:
+            parts.append(pq.ParquetFile(path, filesystem=fs).read(use_threads=False))  # small files: no pool
+        except FileNotFoundError:  # finished by a pass we did not see: ours cannot commit
+            return False
         n += parts[-1].num_rows
-        if n >= rows:
-            yield pa.concat_tables(parts, promote_options="permissive")
+        if n >= config.target_rows or i == len(small) - 1:
+            table = pa.concat_tables(parts, promote_options="permissive")
+            outputs.append(f"{me.directory}/{me.prefix}{len(outputs):03d}.parquet")
+            yield f"write {outputs[-1]}"
+            data, rows = _sorted_parquet(table, safeguards.dedupe)
+            put(outputs[-1], data)
+            result.rows += rows
             parts, n = [], 0
-    if parts:
-        yield pa.concat_tables(parts, promote_options="permissive")
+    return True
 
 
-def _sorted_parquet(table: pa.Table) -> bytes:
+def _give_up(fs: pafs.FileSystem, me: Manifest, outputs, result: CompactionResult) -> Steps:
+    """Outputs first, then the manifest: a reader that lists between sees them still invisible."""
+    for path in sorted(outputs) + [me.path]:
+        yield f"delete {path}"
+        _delete(fs, path)
+    result.rows, result.yielded = 0, True
+    return result
+
+
+def _finish(fs: pafs.FileSystem, view: View, config: CompactionConfig, now: float, put,
+            result: CompactionResult, safeguards: Safeguards) -> Steps:
+    """Step 6 for committed passes past the grace (sources, then the manifest). A pending or committing
+    pass that can never commit (a source gone, or committed by another pass) loses its outputs and is
+    left a tombstone, so that outputs it may still write stay invisible."""
+    v = view.visibility()
+    committed = [m for m in view.manifests if m.state == "committed"]
+    for m in view.manifests:
+        if m in v.winners and now - m.at >= config.grace_s:
+            for path in sorted(m.sources & view.paths.keys()) + [m.path]:
+                yield f"delete {path}"
+                result.deleted += path != m.path
+                _delete(fs, path)
+        elif m.state in ("pending", "committing") and safeguards.claims and (not m.sources <= view.paths.keys() or any(
+                c.sources & m.sources for c in committed) or _legacy_abandoned(m, now, config)):
+            for path in sorted(m.files(view.paths)):
+                yield f"delete {path}"
+                result.deleted += 1
+                _delete(fs, path)
+            yield f"tombstone {m.path}"
+            put(m.path, m.doc(state="aborted", at=now))
+        elif m.state == "aborted" and now - m.at >= config.grace_s:
+            for path in sorted(m.files(view.paths)):  # a loser's, as this module left them before
+                yield f"delete {path}"
+                _delete(fs, path)
+
+
+def _legacy_abandoned(m: Manifest, now: float, config: CompactionConfig) -> bool:
+    """A pending manifest written before claims named their sources: it claims nothing, so only age tells."""
+    return not m.sources and now - m.at >= config.abandoned_s
+
+
+def _is_manifest(path: str) -> bool:
+    name = path.rsplit("/", 1)[-1]
+    return name.startswith(MANIFEST_PREFIX) and name.endswith(".json")
+
+
+def _parse(path: str, doc: dict, info: pafs.FileInfo | None) -> Manifest:
+    directory, name = path.rsplit("/", 1)
+    full = lambda names: frozenset(f"{directory}/{n}" for n in names or ())  # noqa: E731
+    at = doc.get("at", doc.get("committed_at") or doc.get("aborted_at"))
+    if at is None:  # a pending manifest from before claims were dated
+        at = info.mtime.timestamp() if info is not None else time.time()
+    prefix = doc.get("prefix") or f"part-compact-{name[len(MANIFEST_PREFIX):-len('.json')]}-"
+    return Manifest(path, doc["state"], prefix, full(doc.get("sources")), full(doc.get("outputs")),
+                    full(doc.get("supersedes")), at)
+
+
+def _sorted_parquet(table: pa.Table, dedupe: bool = True) -> tuple[bytes, int]:
     """Sorted by (trajectory, step) for steps, else by emission time, so row-group statistics prune;
-    derived columns computed for rows of files written before they existed."""
+    the first row of each event_id only; derived columns computed for rows of files written before they
+    existed. Returns the file and its row count."""
     from pipeline.summaries import with_summaries
 
+    if dedupe:
+        index = pa.table({"e": table.column("event_id"), "i": pa.array(range(table.num_rows), pa.int64())})
+        table = table.take(pc.sort_indices(index.group_by("e", use_threads=False).aggregate([("i", "min")])["i_min"]))
     table = with_summaries(table.column("event_type")[0].as_py(), table)
     keys = [("trajectory_id", "ascending"), ("step", "ascending")] if "step" in table.column_names else []
     table = table.sort_by(keys + [("emitted_at", "ascending"), ("event_id", "ascending")])
     sink = pa.BufferOutputStream()
     pq.write_table(table, sink, compression="zstd", row_group_size=64_000)
-    return sink.getvalue().to_pybytes()
-
-
-def _finish(fs: pafs.FileSystem, paths: dict[str, pafs.FileInfo], config: CompactionConfig, result: CompactionResult,
-            put) -> None:
-    """Earlier passes, in an order that keeps every listing exact: mark losers aborted (before any winner's
-    manifest, which makes them lose, can go); past the grace, delete an aborted pass's outputs, then its
-    manifest, and a winner's sources, then its manifest; delete abandoned pending passes' outputs, then them."""
-    now = time.time()
-    v = visibility(read_manifests(fs, paths), paths)
-    for m in v.losers:
-        put(m.path, json.dumps({"state": "aborted", "prefix": m.prefix, "aborted_at": now}).encode())
-    for m in read_manifests(fs, paths):
-        if m.state == "aborted" and now - m.at >= config.grace_s:
-            doomed = m.outputs(paths)
-        elif m.state == "pending" and now - m.at >= config.abandoned_s:
-            doomed = m.outputs(paths)
-        elif m.state == "committed" and m in v.winners and now - m.at >= config.grace_s:
-            doomed = m.sources
-        else:
-            continue
-        for f in sorted(doomed) + [m.path]:
-            if f in paths:
-                result.deleted += f != m.path
-                _delete(fs, f)
-                del paths[f]
+    return sink.getvalue().to_pybytes(), table.num_rows
 
 
 def _delete(fs: pafs.FileSystem, path: str) -> None:

@@ -1,26 +1,37 @@
 """Compaction on a local ledger: small files merged into large sorted ones while a query loop runs;
-every query sees every row exactly once, before, during and after; and passes that overlap, or die
-half-way, leave every row exactly once too."""
+every query sees every row exactly once, before, during and after; and passes that overlap, stall at
+any step, or die half-way, leave every row exactly once too. Each interleaving test pauses one actor
+before a step (driving `compaction_steps` one storage action at a time), runs another, then resumes it;
+its negative control runs the same schedule with the safeguard off (`tests/test_compaction_explorer.py`
+draws such schedules at random)."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
 import sys
 import threading
 import time
+import uuid
+from datetime import UTC, datetime
 
 import dagster as dg
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
 
 from analysis.ledger import connect
-from pipeline.compaction import CompactionConfig, compact_run, manifest_rule
+from pipeline.compaction import (SAFE, CompactionConfig, Safeguards, compact_run, compaction_steps, manifest_rule, run,
+                                 view_steps)
 from pipeline.files import write_atomic
-from pipeline.journal import Journal
-from pipeline.ledger import LedgerWriter, compact_ledger, ledger_filesystem, list_parquet
+from pipeline.journal import ClaimedFile, Journal
+from pipeline.ledger import compact_ledger, ledger_filesystem, list_parquet
 from pipeline.settings import StackSettings
+from pipeline.summaries import with_summaries
+from schemas import BY_NAME
+from schemas.columnar import columnar_table
 
 from samples import sample_group
 
@@ -28,14 +39,26 @@ SHA = "cd" * 32
 RUN = "run-compact"
 
 
+def _write_steps(root: str, events) -> None:
+    """One ledger file of `events`, as the writer lays it out (its internals are not needed here)."""
+    table = with_summaries("StepRecorded", columnar_table(events, BY_NAME["StepRecorded"]))
+    buf = io.BytesIO()
+    pq.write_table(table, buf, compression="zstd")
+    _, r = ledger_filesystem(StackSettings(ledger_uri=root))
+    write_atomic(f"{r}/run_id={RUN}/event_type=StepRecorded/part-{datetime.now(UTC):%Y%m%dT%H%M%S%f}-"
+                 f"{uuid.uuid4().hex[:8]}.parquet", buf.getvalue())
+
+
+def _steps(group: int) -> list:
+    return [e for e in sample_group(RUN, f"g{group}", [SHA], seed=group) if type(e).__name__ == "StepRecorded"]
+
+
 def _small_files(root: str, groups: int = 40) -> tuple[int, list[str]]:
     """One small file per group's steps (as a writer flushing every 0.25 s leaves them)."""
-    writer = LedgerWriter(StackSettings(ledger_uri=root))
     steps = 0
     for g in range(groups):
-        batch = [e for e in sample_group(RUN, f"g{g}", [SHA], seed=g) if type(e).__name__ == "StepRecorded"]
-        writer._write(RUN, "StepRecorded", batch)
-        steps += len(batch)
+        _write_steps(root, _steps(g))
+        steps += len(_steps(g))
     fs, r = ledger_filesystem(StackSettings(ledger_uri=root))
     return steps, list_parquet(fs, r)
 
@@ -44,7 +67,8 @@ def test_compaction_merges_sorts_and_queries_meanwhile_see_every_row_once(tmp_pa
     root = str(tmp_path / "ledger")
     steps, files = _small_files(root)
     fs, r = ledger_filesystem(StackSettings(ledger_uri=root))
-    Journal(fs, r).record("awrl.rollout", 0, 99, [files[-1]], "c")  # a writer's last flush: left alone
+    last_flush = ClaimedFile(files[-1], "StepRecorded", ((0, 1),))
+    Journal(fs, r).claim("awrl.rollout", 0, None, 100, [last_flush], "c")  # a writer's last flush: left alone
     seen, errors, stop = [], [], threading.Event()
 
     def query_loop():
@@ -96,7 +120,8 @@ def test_a_compaction_cut_short_before_its_switch_is_invisible_then_cleaned_up(t
     fs, r = ledger_filesystem(StackSettings(ledger_uri=root))
     assert sorted(list_parquet(fs, r)) == sorted(files)  # the orphan output is not read
     assert connect(root).execute("SELECT count(*) FROM step_recorded").fetchone() == (steps,)
-    result = compact_ledger(StackSettings(ledger_uri=root), RUN, CompactionConfig(min_age_s=0, grace_s=0, abandoned_s=0))
+    result = compact_ledger(StackSettings(ledger_uri=root), RUN,
+                            CompactionConfig(min_age_s=0, grace_s=0, abandoned_s=0))
     assert result["StepRecorded"].deleted == 1 and result["StepRecorded"].rows == steps
     assert connect(root).execute("SELECT count(*), count(DISTINCT event_id) FROM step_recorded").fetchone() == (
         steps, steps)
@@ -114,7 +139,11 @@ def _aged(root: str, groups: int = 40) -> tuple[int, list[str]]:
 
 
 def _counts(root: str) -> tuple[int, int]:
-    return connect(root).execute("SELECT count(*), count(DISTINCT event_id) FROM step_recorded").fetchone()
+    """(rows, distinct event ids) in the files a reader lists: as stored, before any view's dedupe."""
+    fs, r = ledger_filesystem(StackSettings(ledger_uri=root))
+    steps = list_parquet(fs, f"{r}/run_id={RUN}/event_type=StepRecorded")
+    ids = [i for p in steps for i in pq.read_table(p, columns=["event_id"]).column(0).to_pylist()]
+    return len(ids), len(set(ids))
 
 
 class _Gate:
@@ -140,32 +169,141 @@ def _together(*passes) -> list:
     return out
 
 
-@pytest.mark.parametrize("overlap", ["pending", "committed"])
-def test_two_passes_started_together_leave_every_row_once(tmp_path, overlap):
-    """`pending`: both listed the same files, then race (the second to commit finds its sources taken
-    and gives up). `committed`: both are past that check and commit: readers count the first only, and
-    the next pass removes the loser. The negative control reads the same files counting every committed
-    pass, as before: every merged row twice."""
+def test_two_passes_that_listed_the_same_files_at_once_commit_at_most_once(tmp_path):
+    """Both chose the same files and are held before writing their claims, then released: the one that
+    lists after the other's claim gives way (both do if both claimed before either listed; two passes
+    both committing would need a conditional write to order them). A pass after them merges what is left."""
     root = str(tmp_path / "ledger")
     steps, files = _aged(root)
     fs, r = ledger_filesystem(StackSettings(ledger_uri=root))
-    gate = _Gate(2, overlap)
+    gate = _Gate(2, "pending")
     one = lambda: compact_run(fs, r, RUN, CompactionConfig(), gate)["StepRecorded"]  # noqa: E731
     results = _together(one, one)
-    assert all(results) and _counts(root) == (steps, steps)
-    if overlap == "committed":
-        assert not any(x.yielded for x in results)
-        paths = {str(p) for p in (tmp_path / "ledger").rglob("*") if p.is_file()}
-        hidden, invisible = manifest_rule(fs, paths, first_commit_wins=False)
-        naive = sum(pq.ParquetFile(p).metadata.num_rows for p in paths
-                    if p.endswith(".parquet") and p not in hidden and p not in invisible)
-        assert naive == 2 * steps, (naive, steps)  # the duplication the rule prevents
+    assert sum(x.yielded for x in results) >= 1 and _counts(root) == (steps, steps)
+    again = compact_ledger(StackSettings(ledger_uri=root), RUN)["StepRecorded"]
+    assert sum(x.rows for x in results) + again.rows == steps and _counts(root) == (steps, steps)
+
+
+def test_two_passes_that_claim_before_either_checks_both_give_way(tmp_path):
+    """The same, scheduled: both claims written before either pass lists again (Dekker's case)."""
+    root = str(tmp_path / "ledger")
+    steps, files = _aged(root, groups=12)
+    fs, _ = ledger_filesystem(StackSettings(ledger_uri=root))
+    one, two = (compaction_steps(fs, _directory(files), set(), CompactionConfig(), write_atomic) for _ in "12")
+    for p in (one, two):
+        _until(p, "claim")
+    for p in (one, two):
+        next(p)  # its claim written
+    for p in (one, two):
+        _until(p, "delete")  # checked: the other's claim is there, so its own goes
+    assert run(one).yielded and run(two).yielded and _counts(root) == (steps, steps)
+    assert not list((tmp_path / "ledger").rglob("_compaction-*.json"))  # each removed its claim
+
+
+def _until(steps, action: str) -> str:
+    """Run a pass or reader up to (not into) its next storage action that starts with `action`."""
+    while not (label := next(steps)).startswith(action):
+        pass
+    return label
+
+
+def _directory(files: list[str]) -> str:
+    return files[0].rsplit("/", 1)[0]
+
+
+@pytest.mark.parametrize("pause", ["write", "commit"])
+@pytest.mark.parametrize("safeguards", [SAFE, Safeguards(claims=False)], ids=["protocol", "control"])
+def test_a_pass_stalled_before_it_writes_or_commits_never_doubles_rows(tmp_path, pause, safeguards):
+    """Issue 41's first fault. Pass B lists, claims and reads the files, and stalls before its output
+    (`write`) or just before its commit (`commit`); for longer than `abandoned_s`, so pass A may take its
+    claim over, and A commits; past the grace a third pass finishes A (the sources, then A's manifest);
+    B resumes. With the protocol: a B still writing finds its sources gone at its check and gives way;
+    a B past its check keeps its sources (A finds nothing to merge) and commits alone. The control, this
+    module's check before the issue (committed manifests only): B commits too, every row twice."""
+    root = str(tmp_path / "ledger")
+    steps, files = _aged(root, groups=12)
+    fs, _ = ledger_filesystem(StackSettings(ledger_uri=root))
+    config, now = CompactionConfig(), [time.time()]
+
+    def one(name: str):
+        return compaction_steps(fs, _directory(files), set(), config, write_atomic, clock=lambda: now[0], name=name,
+                                safeguards=safeguards)
+
+    b = one("b")
+    _until(b, f"{pause} ")  # not "committing"
+    now[0] += config.abandoned_s
+    a = run(one("a"))
+    now[0] += config.grace_s
+    finisher = run(one("finisher"))
+    late = run(b)
+    if safeguards is SAFE:
+        assert _counts(root) == (steps, steps)
+        if pause == "write":
+            assert a.rows == steps and finisher.deleted == len(files) and late.yielded
+        else:
+            assert a.rows == 0 and late.rows == steps and not late.yielded
     else:
-        assert sum(x.yielded for x in results) <= 1
-    compact_ledger(StackSettings(ledger_uri=root), RUN, CompactionConfig(grace_s=0))  # finishes both
-    assert _counts(root) == (steps, steps)
-    assert not list((tmp_path / "ledger").rglob("_compaction-*.json"))
-    assert len(list_parquet(fs, r)) == len(list((tmp_path / "ledger").rglob("*.parquet")))
+        assert a.rows == late.rows == steps and finisher.deleted == len(files)
+        assert _counts(root) == (2 * steps, steps)  # the fault: every row twice, for good
+
+
+@pytest.mark.parametrize("safeguards", [SAFE, Safeguards(listed_outputs=False)], ids=["protocol", "control"])
+def test_a_reader_that_lists_during_a_commit_sees_every_row_once(tmp_path, safeguards):
+    """Issue 41's second fault. A reader lists while a pass's claim (a pending manifest) is there and its
+    output is not; the pass writes its output and commits; the reader then reads the manifest: committed.
+    With the protocol it hides the sources only from a reader that listed all its outputs, so this one
+    reads the sources. The control, hiding them from every reader: every row missing from that read."""
+    root = str(tmp_path / "ledger")
+    steps, files = _aged(root, groups=12)
+    fs, _ = ledger_filesystem(StackSettings(ledger_uri=root))
+    merge = compaction_steps(fs, _directory(files), set(), CompactionConfig(), write_atomic)
+    _until(merge, "write")  # its claim is written
+    reader = view_steps(fs, _directory(files))
+    _until(reader, "read")  # listed: the claim and the sources, no output
+    assert not run(merge).yielded  # committed
+    rows = sum(pq.ParquetFile(p).metadata.num_rows for p in run(reader).live(safeguards))
+    assert rows == (steps if safeguards is SAFE else 0)
+    assert _counts(root) == (steps, steps)  # a reader that lists now: the output
+
+
+def test_a_reader_whose_listed_manifest_vanishes_lists_again(tmp_path):
+    """A reader lists a committed pass's manifest, its sources and outputs; a finisher deletes the sources,
+    then the manifest, before the reader reads it. `view_steps` lists again: the outputs alone. The
+    control, one listing whose vanished manifest is skipped (`manifest_rule`): sources and outputs both,
+    every row twice (here the sources are gone, so the read fails instead)."""
+    root = str(tmp_path / "ledger")
+    steps, files = _aged(root, groups=12)
+    fs, _ = ledger_filesystem(StackSettings(ledger_uri=root))
+    assert run(compaction_steps(fs, _directory(files), set(), CompactionConfig(), write_atomic)).rows == steps
+    reader = view_steps(fs, _directory(files))
+    _until(reader, "read")
+    listed = set(_listing(fs, _directory(files)))
+    later = time.time() + CompactionConfig().grace_s
+    assert run(compaction_steps(fs, _directory(files), set(), CompactionConfig(), write_atomic,
+                                clock=lambda: later)).deleted == len(files)
+    live = run(reader).live()
+    assert len(live) == 1 and sum(pq.ParquetFile(p).metadata.num_rows for p in live) == steps
+    hidden, invisible = manifest_rule(fs, listed)
+    assert len([p for p in listed if p.endswith(".parquet") and p not in hidden | invisible]) == len(files) + 1
+
+
+def _listing(fs, directory: str) -> list[str]:
+    return [i.path for i in fs.get_file_info(pafs.FileSelector(directory)) if i.type == pafs.FileType.File]
+
+
+@pytest.mark.parametrize("dedupe", [True, False], ids=["protocol", "control"])
+def test_a_merge_keeps_one_row_per_event_id(tmp_path, dedupe):
+    """A batch the ledger holds twice (as a fault upstream would leave it) is once in the merged file."""
+    root = str(tmp_path / "ledger")
+    steps, files = _aged(root, groups=6)
+    again = pq.ParquetFile(files[0]).metadata.num_rows
+    write_atomic(f"{_directory(files)}/part-again.parquet", open(files[0], "rb").read())  # the same events
+    assert _counts(root) == (steps + again, steps)
+    fs, _ = ledger_filesystem(StackSettings(ledger_uri=root))
+    merged = run(compaction_steps(fs, _directory(files), set(), CompactionConfig(min_age_s=0), write_atomic,
+                                  safeguards=Safeguards(dedupe=dedupe)))
+    assert merged.rows == steps + (0 if dedupe else again)
+    assert _counts(root) == (merged.rows, steps)
 
 
 def test_a_pass_beside_the_dagster_compaction_asset(tmp_path, monkeypatch):
@@ -210,8 +348,8 @@ from pipeline.files import write_atomic
 from pipeline.ledger import ledger_filesystem
 from pipeline.settings import StackSettings
 
-def put(path, data):  # SIGKILL as the pass is about to commit: its outputs are written, its manifest pending
-    if path.endswith(".json") and b'"state": "committed"' in data:
+def put(path, data):  # SIGKILL with the outputs written, the claim still pending
+    if path.endswith(".json") and b'"state": "committing"' in data:
         os.kill(os.getpid(), signal.SIGKILL)
     write_atomic(path, data)
 
@@ -220,9 +358,11 @@ compact_run(fs, root, sys.argv[2], CompactionConfig(), put)
 """
 
 
-def test_a_pass_killed_half_way_holds_nothing_up(tmp_path):
-    """A pass SIGKILLed with its outputs written and its switch not made: its files stay invisible, the
-    next pass merges the same sources at once (no lock to wait out), and its leftovers go once abandoned."""
+def test_a_pass_killed_half_way_holds_its_files_until_its_claim_is_abandoned(tmp_path):
+    """A pass SIGKILLed with its outputs written and its claim pending: its files stay invisible; its
+    sources stay claimed for `abandoned_s` (nothing tells a dead pass from a stalled one), then the next
+    pass takes the claim over and merges them; the dead pass's outputs go, and a tombstone stays, so
+    that they would stay invisible even if it were only stalled and wrote more."""
     root = str(tmp_path / "ledger")
     steps, _ = _aged(root)
     killed = subprocess.run([sys.executable, "-c", _KILLED_PASS, root, RUN], cwd=os.getcwd(), timeout=120,
@@ -230,8 +370,11 @@ def test_a_pass_killed_half_way_holds_nothing_up(tmp_path):
     assert killed.returncode == -9
     orphans = list((tmp_path / "ledger").rglob("part-compact-*.parquet"))
     assert orphans and _counts(root) == (steps, steps)
-    again = compact_ledger(StackSettings(ledger_uri=root), RUN)["StepRecorded"]
+    settings = StackSettings(ledger_uri=root)
+    assert compact_ledger(settings, RUN)["StepRecorded"].rows == 0  # claimed, not yet abandoned
+    again = compact_ledger(settings, RUN, CompactionConfig(abandoned_s=0))["StepRecorded"]
     assert again.rows > 0 and not again.yielded and _counts(root) == (steps, steps)
-    compact_ledger(StackSettings(ledger_uri=root), RUN, CompactionConfig(grace_s=0, abandoned_s=0))
+    compact_ledger(settings, RUN, CompactionConfig(grace_s=0, abandoned_s=0))
     assert not [p for p in orphans if p.exists()] and _counts(root) == (steps, steps)
-    assert len(list((tmp_path / "ledger").rglob("_compaction-*.json"))) == 0
+    tombstones = [json.loads(p.read_text()) for p in (tmp_path / "ledger").rglob("_compaction-*.json")]
+    assert [t["state"] for t in tombstones] == ["aborted"]
