@@ -210,15 +210,17 @@ which records are already processed (skipped if delivered)."""
 
 
 class _Assigned(ConsumerRebalanceListener):
-    def __init__(self, consumer: EventConsumer, callback: OnAssigned | None, on_revoked: Callable[[], None] | None):
+    def __init__(self, consumer: EventConsumer, callback: OnAssigned | None,
+                 on_revoked: Callable[[set[tuple[str, int]]], None] | None):
         self.consumer, self.callback, self.revoked = consumer, callback, on_revoked
 
     def on_partitions_revoked(self, revoked) -> None:
         for tp in revoked:  # what we polled there is no longer ours to commit
             self.consumer._polled.pop((tp.topic, tp.partition), None)
         # Before this member rejoins, so the group hands the partitions to no one until it returns.
+        # Which ones: a member drops what it holds of them (the ledger writer's batch being collected).
         if self.revoked is not None and revoked:
-            self.revoked()
+            self.revoked({(tp.topic, tp.partition) for tp in revoked})
 
     def on_partitions_assigned(self, assigned) -> None:
         if self.callback is not None and assigned:

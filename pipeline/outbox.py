@@ -12,7 +12,7 @@ producer the durable copy instead:
   its log (another cluster id than the live one; a memory broker gets a new one each start), events
   written but never acknowledged (a send that failed, a producer killed between `add` and its send),
   and, as the last resort, events unconfirmed for longer than the receipts are kept. The ledger drops
-  what arrives twice, by event id.
+  what arrives twice, by event id (one that old, by looking it up in its files: `pipeline.ledger_resends`).
 - It is bounded: `add` blocks while `capacity` events are unconfirmed (the ledger has been down for
   long), saying so in the log; nothing is ever dropped. 50,000 step events are ~750 MB of disk, and
   hours of a 4-worker pool without a ledger writer.

@@ -11,7 +11,8 @@ tagged with it confirmed events the ledger did not have (seen in the 3-kill test
 also keeps no commit metadata to tag them with).
 
 Receipts older than `keep_s` are deleted by the writers. An outbox sends again whatever stayed
-unconfirmed that long; the ledger drops it by event id and its next receipt names it.
+unconfirmed that long; the ledger drops it by event id, found in its own files (no writer remembers
+an id that old: `pipeline.ledger_resends`), and its next receipt names it.
 """
 
 from __future__ import annotations

@@ -20,6 +20,7 @@ from pipeline.ledger import LedgerConfig, LedgerWriter, ledger_filesystem, list_
 
 from faults import account
 from samples import sample_group
+from test_ledger_interleavings import unfence
 
 SHA = "ef" * 32
 
@@ -198,24 +199,31 @@ class _SlowFirstWrite(LedgerWriter):
 
     SLOW_S = 4.5
     COLLECT_S = 8.0
+    UNFENCED = False
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.writing = threading.Event()
 
-    def _write(self, *args, **kwargs):
+    def _write_claimed(self, *args, **kwargs):
         if not self.writing.is_set():
             self.writing.set()
             time.sleep(self.SLOW_S)
-        super()._write(*args, **kwargs)
+        super()._write_claimed(*args, **kwargs)
 
 
 class _NotWaitingOnRevoke(_SlowFirstWrite):
     """The negative control: the group moves on mid-flush. Nothing blocks its IO thread, so its write
-    may take long enough for the other writer to have joined and written for sure."""
+    may take long enough for the other writer to have joined and written for sure. Both writers use the
+    journal from before claims, which would otherwise have the other writer write the same files."""
 
     SLOW_S = 15.0
     COLLECT_S = 20.0
+    UNFENCED = True
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        unfence(self)
 
     def _wait_for_flush(self) -> None:
         pass
@@ -229,6 +237,8 @@ def _join_mid_flush(settings, first_writer: type[_SlowFirstWrite]) -> tuple[list
     group = f"ledger-{settings.topic_prefix}"
     a = first_writer(settings, LedgerConfig(consumer_group=group, max_batch_seconds=first_writer.COLLECT_S))
     b = LedgerWriter(settings, LedgerConfig(consumer_group=group))
+    if first_writer.UNFENCED:
+        unfence(b)
     stops = [threading.Event(), threading.Event()]
     threads = [threading.Thread(target=w.sync, kwargs={"follow": True, "stop": s}) for w, s in zip((a, b), stops)]
     threads[0].start()
