@@ -10,7 +10,7 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
-from app.output import FORMAT, NO, Format, console, emit_rows, fail
+from app.output import FORMAT, NO, Format, console, emit_json, emit_rows, fail
 from pipeline.settings import StackSettings, stack_dir
 
 stack_app = typer.Typer(help="The embedded local stack: Kafka-protocol broker + S3 store on 127.0.0.1.",
@@ -129,6 +129,33 @@ def ledger_compact(
             console.print(f"{run} {event_type}: {r.files_before} -> {r.files_after} files ({r.rows:,} rows merged, "
                           f"{r.deleted} superseded files deleted)"
                           + (" - another pass merged these files first; this one gave way" if r.yielded else ""))
+
+
+@ledger_app.command("verify")
+def ledger_verify(
+    run_id: str = typer.Argument(None, help="The run to check (default: every run)."),
+    format: Format = FORMAT,  # noqa: A002 - the option's name
+    ledger_uri: str = LEDGER_URI,
+) -> None:
+    """Check what the ledger promises: no event stored twice, no trajectory with a step missing, no gap
+    in the published versions, and (with AWRL_OUTBOX_DIR) no event left unconfirmed in an outbox. One
+    line per check with its count; exit 1 when any found something (`analysis.verify`)."""
+    from analysis.verify import verify
+    from app.analysis_cli import connect_ledger
+
+    settings = StackSettings().with_ledger(ledger_uri)
+    with connect_ledger(settings.ledger_uri, run_id) as con:
+        findings = verify(con, run_id, settings.outbox_dir)
+    if format is Format.json:
+        emit_json([{"kind": f.kind, "count": f.count, "rows": f.rows} for f in findings])
+    elif format is Format.table:
+        for f in findings:
+            console.print(f.line(), markup=False)
+    else:
+        emit_rows(["kind", "count", "first"], [[f.kind, f.count, f.rows[0] if f.rows else None] for f in findings],
+                  format)
+    if found := [f"{f.count} {f.kind.replace('_', ' ')}" for f in findings if f.count]:
+        raise fail(f"the ledger{f' of run {run_id}' if run_id else ''} is not sound: {', '.join(found)}", NO)
 
 
 def health(

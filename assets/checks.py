@@ -1,10 +1,11 @@
 """Asset checks that guard the data the trainer and the analyses read.
 
-Each check reads the materialized table of one run. Checks on training data are blocking: when one
+Each check reads the materialized table of one run, or that run's events. Checks on training data are blocking: when one
 fails, no asset downstream of its table materializes in that run, so a broken ledger never reaches a
 curve or a drift report unnoticed. One is a warning, not a guard: `dead_letters`, the messages the
 consumers refused, which lose nothing but are missing from the tables. Each check has a test that
-plants the violation (`tests/test_assets.py`).
+plants the violation (`tests/test_assets.py`). The ledger's own promises (each event stored once, no
+step missing, no version gap) are `analysis.verify`'s queries, the ones `awrl ledger verify` runs.
 """
 
 from collections import Counter
@@ -12,6 +13,8 @@ from collections import Counter
 import dagster as dg
 import pyarrow as pa
 
+from analysis.ledger import connect
+from analysis.verify import check
 from assets.io import Ledger, sql
 from assets.tables import groups, policy_versions, steps, trajectories, updates
 
@@ -27,21 +30,31 @@ def _unique(table: pa.Table, key: str) -> dg.AssetCheckResult:
     return _result(bad, f"{key} unique")
 
 
-def _event_id_unique(asset: dg.AssetsDefinition, why: str) -> dg.AssetChecksDefinition:
+def _ledger_check(ledger: Ledger, run: str, kind: str, event_type: str | None = None) -> dg.AssetCheckResult:
+    """`analysis.verify.check` over the run's events: the very query `awrl ledger verify` runs."""
+    with connect(ledger.settings(), run_id=run) as con:
+        finding = check(con, kind, run)
+    rows = finding.rows if event_type is None else [r for r in finding.rows if r["event_type"] == event_type]
+    return _result(rows, finding.what)
+
+
+def _event_id_unique(asset: dg.AssetsDefinition, event_type: str, why: str) -> dg.AssetChecksDefinition:
+    # The views (so the tables) read each event id once: a copy is found in the stored rows, not in the table.
     @dg.asset_check(asset=asset, name=f"{asset.key.to_user_string()}_event_id_unique", blocking=True, description=why)
-    def check(table: pa.Table) -> dg.AssetCheckResult:
-        return _unique(table, "event_id")
+    def check(context: dg.AssetCheckExecutionContext, ledger: Ledger) -> dg.AssetCheckResult:
+        return _ledger_check(ledger, context.partition_key, "duplicates", event_type)
 
     return check
 
 
-event_ids_unique = [_event_id_unique(a, why) for a, why in (
-    (steps, "Every step event once: the ledger dedupes by `event_id`, so a duplicate means a broken writer."),
-    (groups, "Every group once: a group counted twice would be trained twice."),
-    (updates, "Every optimizer step once."),
-    (policy_versions, "Every published version once."),
+event_ids_unique = [_event_id_unique(a, t, why) for a, t, why in (
+    (steps, "StepRecorded", "Every step event stored once: the ledger dedupes by `event_id`, so a copy means a "
+                            "broken writer (the table shows it once)."),
+    (groups, "GroupCompleted", "Every group stored once: a group counted twice would be trained twice."),
+    (updates, "UpdateApplied", "Every optimizer step stored once."),
+    (policy_versions, "PolicyVersionPublished", "Every published version stored once."),
 )]
-"""`event_id` unique in each table that carries it, one check per table."""
+"""No event of the table's type stored twice in the run's files, one check per table."""
 
 
 @dg.asset_check(asset=trajectories, blocking=True)
@@ -51,25 +64,17 @@ def trajectories_one_row_each(trajectories: pa.Table) -> dg.AssetCheckResult:
 
 
 @dg.asset_check(asset=steps, blocking=True)
-def steps_numbered_without_gaps(steps: pa.Table) -> dg.AssetCheckResult:
-    """Each trajectory's steps are 0..n-1: a gap is a lost step (the trainer would align tokens wrongly)."""
-    bad = sql("""select trajectory_id, count(*) as steps, min(step) as first, max(step) as last
-                 from s group by trajectory_id
-                 having min(step) <> 0 or max(step) <> count(*) - 1 or count(distinct step) <> count(*)
-                 order by trajectory_id""", s=steps).to_pylist()
-    return _result(bad, "steps 0..n-1 per trajectory")
+def steps_numbered_without_gaps(context: dg.AssetCheckExecutionContext, ledger: Ledger) -> dg.AssetCheckResult:
+    """Each trajectory's steps are 0..n-1, as many as its completed group names: a gap or a short
+    trajectory is a lost step (the trainer would align tokens wrongly, or train an incomplete group)."""
+    return _ledger_check(ledger, context.partition_key, "missing_steps")
 
 
 @dg.asset_check(asset=policy_versions, blocking=True)
-def policy_versions_contiguous(policy_versions: pa.Table) -> dg.AssetCheckResult:
+def policy_versions_contiguous(context: dg.AssetCheckExecutionContext, ledger: Ledger) -> dg.AssetCheckResult:
     """Versions 0..n with no gap, each one's parent the one before: the lineage replay walks. (A NULL
     parent is lineage not recorded, as in events from before the field existed; not a violation.)"""
-    bad = sql("""select version, parent_version from (
-                     select version, parent_version, row_number() over (order by version) - 1 as expected
-                     from v)
-                 where version <> expected or parent_version <> version - 1
-                 order by version""", v=policy_versions).to_pylist()
-    return _result(bad, "versions 0..n, parent = version - 1")
+    return _ledger_check(ledger, context.partition_key, "version_gaps")
 
 
 @dg.asset_check(asset=groups, blocking=True)

@@ -87,10 +87,11 @@ def _write(root: Path, cls, table: pa.Table, name: str) -> int:
     return (directory / f"part-{name}.parquet").stat().st_size
 
 
-def _common(n: int, cls, prefix: str, base_ts: int = 0) -> dict:
-    return {"event_id": pc.binary_join_element_wise(prefix, pa.array(np.arange(n)).cast(pa.string()), ""),
+def _common(n: int, cls, prefix: str, first: int = 0) -> dict:
+    """Event ids `<prefix><first>...`: unique across files, as the views read each event id once."""
+    return {"event_id": pc.binary_join_element_wise(prefix, pa.array(np.arange(first, first + n)).cast(pa.string()), ""),
             "run_id": _const(RUN, n), "schema_version": _const(1, n, pa.int64()),
-            "emitted_at": pa.array(base_ts + np.arange(n, dtype=np.int64) * 1_000).cast(pa.timestamp("us", tz="UTC")),
+            "emitted_at": pa.array((first + np.arange(n, dtype=np.int64)) * 1_000).cast(pa.timestamp("us", tz="UTC")),
             "event_type": _const(cls.__name__, n)}
 
 
@@ -112,8 +113,9 @@ def _steps(rng, tids: pa.Array, gids: pa.Array, traj: np.ndarray, step: np.ndarr
     rows = pa.array(traj)
     action_type = arrow_schema(StepRecorded).field("action").type
     timing_type = arrow_schema(StepRecorded).field("timings").type
+    mark_type = arrow_schema(StepRecorded).field("marks").type
     return _table(StepRecorded, {
-        **_common(n, StepRecorded, "s", a * 1_000), "trajectory_id": pc.take(tids, rows),
+        **_common(n, StepRecorded, "s", a), "trajectory_id": pc.take(tids, rows),
         "group_id": pc.take(gids, rows),
         "task_id": _const("shop-price", n), "step": pa.array(step.astype(np.int64)),
         "screenshot_sha256": _const(SHA, n), "url": _const("http://127.0.0.1/shop", n),
@@ -129,6 +131,8 @@ def _steps(rng, tids: pa.Array, gids: pa.Array, traj: np.ndarray, step: np.ndarr
         "policy_version": pa.array(version.astype(np.int64)), "env_feedback": _const("ok", n),
         "error_class": pa.nulls(n, pa.string()),
         "timings": pa.StructArray.from_arrays([_const(0.1, n)] * 3, fields=list(timing_type)),
+        "marks": _lists(np.zeros(n, np.int64), pa.array([], mark_type.value_type)),
+        "marks_drawn": _const(False, n),
     })
 
 
