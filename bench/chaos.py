@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/chaos.py --minutes 30 --every 60 [--seed N]
     .venv/bin/python bench/chaos.py --matrix --minutes 2 --every 45     # the loaded fault matrix
+    .venv/bin/python bench/chaos.py --minutes 30 --every 60 --rebalance  # and the writers churning
 
 A stack of its own (Tansu, radosgw) and, kept running as compose's `restart: always` would (whatever
 exits is started again): a rollout pool (4 browsers, our sites, the demo policy), 2 ledger writers
@@ -10,13 +11,14 @@ SIGKILLed (it comes back empty), the object store down for 10 s, the object stor
 the pool, one browser, one ledger writer or the trainer SIGKILLed. The seed is printed first, so a
 failure can be replayed.
 
+With `--rebalance` (the matrix's `rebalance` row), also every `--every` seconds, half-way between
+those: 3 more ledger writers join the consumer group, or leave it (`writers_churn`), and every 4th
+time one of the 2 writers is SIGSTOPped for longer than its Kafka session, so the group hands its
+partitions on, then resumed (`writer_stop`). These draw nothing from the seed's faults.
+
 Then the pool stops, the trainer gets a minute to train what is left, the writers drain the outboxes,
-and the run is reconciled:
-- every event a producer handed to its outbox (acknowledged or not) is in the ledger: the outboxes
-  are empty, and no trajectory in the ledger misses a step below its last;
-- no event is in the ledger twice;
-- every completed group was trained once, dropped with a reason, or is still open (never twice);
-- every published version has its checkpoint in the store.
+and the run is reconciled (`bench/chaos_reconcile.py`): nothing lost, nothing twice, no group trained
+twice or with a step missing, none open past its timeout.
 """
 
 from __future__ import annotations
@@ -27,9 +29,8 @@ import signal
 import subprocess
 import sys
 import time
-from collections import Counter
 from contextlib import suppress
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -38,14 +39,26 @@ import psutil
 import tenacity
 import typer
 
+from chaos_reconcile import Reconciliation, reconcile
 from pipeline.bus import EventProducer, create_topics
-from pipeline.checkpoints import CheckpointStore
-from pipeline.ledger import read_events
 from pipeline.outbox import Outbox
 from pipeline.stack.ceph import s3_healthy
 from pipeline.stack.local import LocalStack
 
 FAULTS = ("broker", "store_down", "store_full", "pool", "browser", "writer", "trainer")
+REBALANCE = ("writers_churn", "writer_stop")
+"""Not drawn: on their own schedule with `rebalance` (a seed draws the same `FAULTS` with or without)."""
+GUESTS = 3
+"""Ledger writers that join and leave (`writers_churn`), beside the 2 that are always there."""
+STOP_EVERY = 4
+"""Every this many `writers_churn`, also a `writer_stop`."""
+STOP_S = 15.0
+"""How long `writer_stop` holds a writer: past its consumer's 6 s session (`pipeline.bus`), so the
+group has handed its partitions to the others when it resumes with the records it held."""
+ROWS = (*FAULTS, *REBALANCE, "rebalance")
+"""The loaded matrix's rows: each fault alone, once; `rebalance`: the `REBALANCE` schedule alone."""
+ETA = 4
+"""The pool's and trainer's staleness bound (also the timeout of a group that waits for a step)."""
 
 
 def _say(line: str) -> None:
@@ -72,72 +85,23 @@ class Service:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
+    def send(self, sig: int) -> None:
+        """Signal the whole process group (torchrun's ranks, the pool's browsers)."""
+        if self.proc is not None:
+            with suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, sig)
+
     def kill(self, sig: int = signal.SIGKILL) -> None:
-        """Signal the whole process group (torchrun's ranks, the pool's browsers) and reap it."""
+        """Signal the whole process group and reap it."""
         if self.proc is None:
             return
-        with suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, sig)
+        self.send(sig)
         try:
             self.proc.wait(timeout=60)
         except subprocess.TimeoutExpired:
             with suppress(ProcessLookupError):
                 os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
-
-
-@dataclass
-class Reconciliation:
-    seed: int
-    faults: list[tuple[float, str]]
-    events: int = 0
-    duplicated: int = 0
-    left_in_outboxes: int = 0
-    resent_at_drain: int = 0
-    """Events the restarted producers sent again at the end (never acknowledged, another broker's, or,
-    after half the drain, unconfirmed for 30 s: the outbox's last resort, here not after 10 min)."""
-    left_but_in_ledger: int = 0
-    """Of those, in the ledger all the same (a receipt that never came), as opposed to not yet written."""
-    trajectories: int = 0
-    missing_steps: int = 0
-    groups: int = 0
-    trained: int = 0
-    trained_twice: int = 0
-    dropped: int = 0
-    dropped_without_reason: int = 0
-    open_groups: int = 0
-    updates: int = 0
-    """Updates in a published version's lineage."""
-    updates_lost: int = 0
-    """Updates no published version names: lost with a killed trainer, or after its last version."""
-    versions: int = 0
-    versions_without_checkpoint: int = 0
-    versions_twice: int = 0
-    """Version numbers published by two different events (a trainer that resumed from too early)."""
-    restarts: dict[str, int] = field(default_factory=dict)
-
-    @property
-    def ok(self) -> bool:
-        return not (self.duplicated or self.left_in_outboxes or self.missing_steps or self.trained_twice
-                    or self.dropped_without_reason or self.versions_without_checkpoint or self.versions_twice)
-
-    def lines(self) -> list[str]:
-        drawn = Counter(f for _, f in self.faults)
-        return [
-            f"seed {self.seed}: {len(self.faults)} faults ({', '.join(f'{k} {v}' for k, v in sorted(drawn.items()))})",
-            f"events in the ledger: {self.events}, twice: {self.duplicated}; left unconfirmed in outboxes: "
-            f"{self.left_in_outboxes} ({self.left_but_in_ledger} of them in the ledger); sent again at the end: "
-            f"{self.resent_at_drain}",
-            f"trajectories finished: {self.trajectories}, with a missing step: {self.missing_steps}",
-            f"groups completed: {self.groups}: trained {self.trained} (twice: {self.trained_twice}), dropped "
-            f"{self.dropped} (without a reason: {self.dropped_without_reason}), still open {self.open_groups}",
-            f"updates in a published version: {self.updates}; not (lost with a killed trainer, or after its "
-            f"last version): {self.updates_lost}",
-            f"versions published: {self.versions}, without a checkpoint: {self.versions_without_checkpoint}, "
-            f"published twice: {self.versions_twice}",
-            "services started again after dying: " + ", ".join(f"{k} {v}" for k, v in sorted(self.restarts.items())),
-            "reconciled: OK" if self.ok else "reconciled: FAILED",
-        ]
 
 
 class Soak:
@@ -151,15 +115,21 @@ class Soak:
         logs = workdir / "logs"
         logs.mkdir(exist_ok=True)
         self.pool = Service("pool", [*awrl, "rollout", "--suite", "sites", "--policy", "demo", "--noise", "0.3",
-                                     "--workers", "4", "--group-size", "2", "--forever", "--run-id", run_id, "--eta", "4",
+                                     "--workers", "4", "--group-size", "2", "--forever", "--run-id", run_id, "--eta", str(ETA),
                                      "--groups-per-update", "2", "--difficulty", "easy",
                                      "--journal", str(workdir / "journal")], env, logs / "pool.log")
         self.writers = [Service(f"writer{i}", [*awrl, "ledger", "sync", "--follow"], env, logs / f"writer{i}.log")
                         for i in range(2)]
         self.trainer = Service("trainer", [*awrl, "train", "--run-id", run_id, "--nproc", "2", "--groups-per-update",
-                                           "2", "--minibatches", "1", "--ppo-epochs", "1", "--eta", "4"],
+                                           "2", "--minibatches", "1", "--ppo-epochs", "1", "--eta", str(ETA)],
                                env, logs / "trainer.log")
         self.services = [*self.writers, self.trainer, self.pool]
+        self.guests = [Service(f"guest{i}", [*awrl, "ledger", "sync", "--follow"], env, logs / f"guest{i}.log")
+                       for i in range(GUESTS)]
+        """Writers that `writers_churn` starts and stops (not restarted when they exit)."""
+        self.stopped: tuple[subprocess.Popen, float] | None = None
+        """The writer `writer_stop` holds, and when (monotonic) it is to resume."""
+        self.churns = 0
         self.faults: list[tuple[float, str]] = []
         self.last_resort = 0
 
@@ -192,6 +162,21 @@ class Soak:
             self._quota("enable")
             time.sleep(10)
             self._quota("disable")
+        elif fault == "writers_churn":
+            self.churns += 1
+            if any(g.alive() for g in self.guests):
+                for g in self.guests:  # all leave at once, as compose's scale-down: their flushes settled
+                    g.send(signal.SIGTERM)
+                for g in self.guests:
+                    g.kill(signal.SIGTERM)
+            else:
+                for g in self.guests:
+                    g.start()
+        elif fault == "writer_stop":
+            self.resume()
+            target = self.writers[self.churns // STOP_EVERY % len(self.writers)]
+            target.send(signal.SIGSTOP)
+            self.stopped = (target.proc, time.monotonic() + STOP_S)
         elif fault == "browser":
             browsers = _browsers(self.pool)
             if browsers:
@@ -199,30 +184,55 @@ class Soak:
         else:
             {"pool": self.pool, "trainer": self.trainer, "writer": self.rng.choice(self.writers)}[fault].kill()
 
+    def resume(self, due_only: bool = False) -> None:
+        """SIGCONT the writer `writer_stop` holds (only once its time is up, with `due_only`)."""
+        if self.stopped is None or (due_only and time.monotonic() < self.stopped[1]):
+            return
+        proc, self.stopped = self.stopped[0], None
+        if proc.poll() is None:  # not SIGKILLed meanwhile by a `writer` fault
+            with suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGCONT)
+
     def _quota(self, *args: str) -> None:
         conf = self.stack.data_dir / "ceph" / "ceph.conf"
         subprocess.run(["radosgw-admin", "-c", str(conf), "quota", *args, "--quota-scope=bucket",
                         f"--bucket={self.settings.s3_bucket}"], check=True, capture_output=True, timeout=60)
 
-    def run(self, minutes: float, every_s: float, on_fault=_say, only: str | None = None) -> None:
-        """`only`: that one fault, once, `every_s` in (a row of the loaded matrix), not random ones."""
+    def run(self, minutes: float, every_s: float, on_fault=_say, only: str | None = None,
+            rebalance: bool = False) -> None:
+        """`only`: that one fault, once, `every_s` in (a row of the loaded matrix), not random ones
+        (`rebalance`: none, the rebalance schedule alone). `rebalance`: also the `REBALANCE` faults,
+        every `every_s` half-way between the others."""
         self.supervise()
         started = time.monotonic()
-        next_fault = started + every_s
+        next_fault, next_churn = started + every_s, started + every_s / 2
+        rebalance |= only == "rebalance"
+
+        def inject(fault: str) -> None:
+            self.faults.append((time.monotonic() - started, fault))
+            on_fault(f"{time.monotonic() - started:6.0f} s  {fault}")
+            self.inject(fault)
+
         while time.monotonic() - started < minutes * 60:
             time.sleep(1)
             self.supervise()
-            if time.monotonic() >= next_fault and not (only and self.faults):
-                fault = only or self.rng.choice(FAULTS)
-                self.faults.append((time.monotonic() - started, fault))
-                on_fault(f"{time.monotonic() - started:6.0f} s  {fault}")
-                self.inject(fault)
+            self.resume(due_only=True)
+            if time.monotonic() >= next_fault and only != "rebalance" and not (only and self.faults):
+                inject(only or self.rng.choice(FAULTS))
                 next_fault += every_s  # on the clock: a fault that takes long does not delay the next
+            if rebalance and time.monotonic() >= next_churn:
+                inject("writers_churn")
+                if self.churns % STOP_EVERY == 0:
+                    inject("writer_stop")
+                next_churn += every_s
 
     def drain(self, train_s: float = 60.0, outbox_s: float = 180.0) -> None:
         """Stop the pool, give the trainer `train_s`, stop it; then, as producers that start again
         would, confirm and resend what their outboxes hold until the writers have it all."""
         self.pool.kill(signal.SIGINT)
+        self.resume()
+        for g in self.guests:
+            g.kill(signal.SIGTERM)
         deadline = time.monotonic() + train_s
         while time.monotonic() < deadline:
             for s in (*self.writers, self.trainer):
@@ -269,47 +279,12 @@ class Soak:
     def reconcile(self, seed: int) -> Reconciliation:
         r = Reconciliation(seed, self.faults, restarts={s.name: s.starts - 1 for s in self.services},
                            resent_at_drain=self.last_resort)
-        left = self._left_ids()
-        r.left_in_outboxes = len(left)
-        ids = Counter()
-        tables = {}
-        for event_type in ("StepRecorded", "EpisodeFinished", "GroupCompleted", "GroupDropped", "UpdateApplied",
-                           "PolicyVersionPublished", "EpisodeStarted", "TaskGroupDispatched", "PolicyVersionLoaded"):
-            t = read_events(self.settings, self.run_id, event_type).to_pylist()
-            tables[event_type] = t
-            ids.update(e["event_id"] for e in t)
-        r.events, r.duplicated = sum(ids.values()), sum(n - 1 for n in ids.values() if n > 1)
-        r.left_but_in_ledger = len(left & set(ids))
-        steps: dict[str, set[int]] = {}
-        for s in tables["StepRecorded"]:
-            steps.setdefault(s["trajectory_id"], set()).add(s["step"])
-        finished = tables["EpisodeFinished"]
-        r.trajectories = len(finished)
-        r.missing_steps = sum(1 for f in finished if steps.get(f["trajectory_id"], set()) != set(range(f["num_steps"])))
-        completed = {g["group_id"] for g in tables["GroupCompleted"]}
-        # Trained = in an update that a published version's lineage names. An update whose version a
-        # killed trainer never published was lost with it; its groups were consumed again.
-        lineage = {u for v in tables["PolicyVersionPublished"] for u in v["update_ids"]}
-        kept = [u for u in tables["UpdateApplied"] if u["event_id"] in lineage]
-        r.updates, r.updates_lost = len(kept), len(tables["UpdateApplied"]) - len(kept)
-        trained = Counter(g for u in kept for g in u["group_ids"])
-        dropped = {d["group_id"]: d.get("reason") for d in tables["GroupDropped"]}
-        r.groups, r.trained = len(completed), len(completed & set(trained))
-        r.trained_twice = sum(1 for n in trained.values() if n > 1)
-        r.dropped = len(completed & set(dropped))
-        r.dropped_without_reason = sum(1 for reason in dropped.values() if not reason)
-        r.open_groups = len(completed - set(trained) - set(dropped))
-        store = CheckpointStore.from_settings(self.settings)
-        versions = {v["version"] for v in tables["PolicyVersionPublished"] if v["version"] > 0}
-        r.versions = len(versions)
-        numbers = Counter(n for n, _ in {(v["version"], v["event_id"]) for v in tables["PolicyVersionPublished"]})
-        r.versions_twice = sum(1 for n in numbers.values() if n > 1)
-        r.versions_without_checkpoint = sum(1 for v in versions if not store.exists(self.run_id, v))
-        return r
+        return reconcile(r, self.settings, self.run_id, self._left_ids(), ETA)
 
     def down(self) -> None:
+        self.resume()
         try:
-            for s in self.services:
+            for s in [*self.services, *self.guests]:
                 s.kill()
         finally:
             self.stack.down()
@@ -333,13 +308,14 @@ def _browsers(service: Service) -> list[psutil.Process]:
 
 
 def soak(workdir: Path, minutes: float, every_s: float, seed: int | None = None, on_fault=_say,
-         only: str | None = None) -> Reconciliation:
+         only: str | None = None, rebalance: bool = False) -> Reconciliation:
     seed = random.SystemRandom().randrange(2**31) if seed is None else seed
     what = f"only {only}, once" if only else f"a fault every {every_s:g} s"
+    what += ", writers joining and leaving between" if rebalance or only == "rebalance" else ""
     on_fault(f"chaos soak: seed {seed} ({minutes:g} min, {what}; replay with --seed {seed})")
     s = Soak(workdir, seed)
     try:
-        s.run(minutes, every_s, on_fault, only)
+        s.run(minutes, every_s, on_fault, only, rebalance)
         s.drain()
         return s.reconcile(seed)
     finally:
@@ -347,14 +323,15 @@ def soak(workdir: Path, minutes: float, every_s: float, seed: int | None = None,
 
 
 MATRIX_HEAD = ("| fault (under load) | events in the ledger | twice | unconfirmed in outboxes | trajectories with a "
-               "missing step | groups: trained / dropped / open | versions (without checkpoint) | restarted |\n"
-               "|---|---|---|---|---|---|---|---|")
+               "missing step | groups: trained / dropped / open | trained with a missing step / open past timeout | "
+               "versions (without checkpoint) | restarted |\n|---|---|---|---|---|---|---|---|---|")
 
 
 def matrix_row(fault: str, r: Reconciliation) -> str:
     restarted = ", ".join(f"{k} {v}" for k, v in sorted(r.restarts.items()) if v) or "-"
     return (f"| {fault} | {r.events} | {r.duplicated} | {r.left_in_outboxes} | {r.missing_steps} | "
-            f"{r.trained} / {r.dropped} / {r.open_groups} | {r.versions} ({r.versions_without_checkpoint}) | "
+            f"{r.trained} / {r.dropped} / {r.open_groups} | {r.trained_with_missing_step} / {r.open_past_timeout} | "
+            f"{r.versions} ({r.versions_without_checkpoint}) | "
             f"{restarted} |")
 
 
@@ -363,15 +340,16 @@ def main(minutes: float = typer.Option(30.0, help="Length of the soak."),
          seed: int = typer.Option(None, help="Replay a soak (printed first by every run)."),
          matrix: bool = typer.Option(False, help="The loaded fault matrix instead: each fault alone, once, "
                                                  "`--every` s into a `--minutes` run of the whole system."),
-         only: str = typer.Option(None, help=f"One row of the matrix: {', '.join(FAULTS)}."),
+         only: str = typer.Option(None, help=f"One row of the matrix: {', '.join(ROWS)}."),
+         rebalance: bool = typer.Option(False, help="Also the writers joining, leaving and stalling (`REBALANCE`)."),
          workdir: Path = typer.Option(Path(".awrl/chaos"))) -> None:
     workdir = workdir.resolve() / time.strftime("%Y%m%dT%H%M%S")
     workdir.mkdir(parents=True)
-    if only and only not in FAULTS:
-        raise typer.BadParameter(f"{only!r} is not one of {', '.join(FAULTS)}", param_hint="--only")
+    if only and only not in ROWS:
+        raise typer.BadParameter(f"{only!r} is not one of {', '.join(ROWS)}", param_hint="--only")
     if matrix or only:
         rows, ok = [MATRIX_HEAD], True
-        for fault in [only] if only else FAULTS:
+        for fault in [only] if only else ROWS:
             r = soak(workdir / fault, minutes, every, seed, only=fault)
             rows.append(matrix_row(fault, r))
             ok &= r.ok
@@ -380,7 +358,7 @@ def main(minutes: float = typer.Option(30.0, help="Length of the soak."),
                 print("\n".join(r.lines()), flush=True)
         print("\n".join(rows))
         raise typer.Exit(0 if ok else 1)
-    r = soak(workdir, minutes, every, seed)
+    r = soak(workdir, minutes, every, seed, rebalance=rebalance)
     for line in r.lines():
         print(line)
     raise typer.Exit(0 if r.ok else 1)

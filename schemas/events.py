@@ -335,10 +335,13 @@ class GroupDropped(Event):
     topic: ClassVar[str] = "trainer"
     group_id: str
     task_id: str
-    reason: Literal["stale", "uninformative", "no_tokens", "screenshot_corrupted", "screenshot_missing"]
+    reason: Literal["stale", "uninformative", "no_tokens", "screenshot_corrupted", "screenshot_missing",
+                    "steps_missing"]
     """`stale`: a token older than the staleness bound; `uninformative`: all rewards equal (dynamic
     sampling); `no_tokens`: no step carries model tokens (scripted policies); `screenshot_corrupted`:
-    a stored screenshot no longer hashes to its key; `screenshot_missing`: one is not in the store.
+    a stored screenshot no longer hashes to its key; `screenshot_missing`: one is not in the store;
+    `steps_missing`: the group was announced complete but a step it names had not arrived when its
+    oldest version left the staleness bound (`trainer.batch`).
     (New values need no `SCHEMA_VERSION` bump: the column stays a string and old files hold old values.)"""
     trainer_version: Int64 = Field(ge=0)
     """The trainer's version when it dropped the group."""

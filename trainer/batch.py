@@ -1,9 +1,15 @@
 """The online batch builder: rollout events in, version-filtered batches of task groups out.
 
 `GroupAssembler` is a pure fold over the rollout topic (tested without a broker): it buffers each
-group's steps until its `GroupCompleted` arrives. Rollout events are keyed by group id, so by then every
-step of the group has been seen (`pipeline.topics`). A crashed pool re-runs a group under the same group
-id with new trajectories, so only the steps of the trajectories named by `GroupCompleted` are kept.
+group's steps until its `GroupCompleted` has arrived and so has every step it names. Rollout events are
+keyed by group id, so usually the steps come first (`pipeline.topics`); but steps a broker acknowledged
+and then lost are resent by their producer's outbox seconds later, while a `GroupCompleted` sent after
+the restart goes straight to the new broker and overtakes them. Such a group waits for its steps (a
+resent step counts once) and is never handed out with one missing; if they have not come when it could
+no longer be trained anyway (its oldest version outside the staleness bound), it is dropped as
+`steps_missing`. A crashed pool re-runs a group under the same group id with new trajectories, so only
+the steps of the trajectories named by `GroupCompleted` are kept; events of a group already handed out
+(resends, a re-run) hold nothing back.
 
 `BatchBuilder` runs the fold on a Kafka consumer and applies the filters, each emitting `GroupDropped`
 (counted, never silent): groups with no model tokens, groups whose rewards are all equal (dynamic
@@ -83,34 +89,65 @@ def control_rewards(completed: GroupCompleted, control: str = "none") -> list[fl
 
 @dataclass
 class _Pending:
-    steps: dict[str, list[StepRecorded]] = field(default_factory=lambda: defaultdict(list))
+    steps: dict[str, dict[int, StepRecorded]] = field(default_factory=lambda: defaultdict(dict))
+    """Per trajectory, its steps by number (a step resent by an outbox counts once)."""
     first_offsets: dict[Partition, int] = field(default_factory=dict)
+    completed: GroupCompleted | None = None
+    """The group's announcement once it has come: steps it names may still be on their way."""
+
+    def whole(self) -> bool:
+        """The announcement has come, and so has every step it names."""
+        c = self.completed
+        return c is not None and all(set(range(n)) <= self.steps.get(t, {}).keys()
+                                     for t, n in zip(c.trajectory_ids, c.num_steps))
 
 
 class GroupAssembler:
-    """Fold over one run's rollout events; `add` returns a `TrainGroup` when a group completes."""
+    """Fold over one run's rollout events; `add` returns a `TrainGroup` when a group is whole."""
 
-    def __init__(self, run_id: str, control: str = "none", scale_by_std: bool = True):
+    def __init__(self, run_id: str, control: str = "none", scale_by_std: bool = True, done: Iterable[str] = ()):
         self.run_id, self.control, self.scale_by_std = run_id, control, scale_by_std
         self._pending: dict[str, _Pending] = {}
         self._held: dict[str, dict[Partition, int]] = {}
         """Groups handed out but not yet trained or dropped: their positions hold back commits."""
         self._next: dict[Partition, int] = {}
+        self._done: set[str] = set(done)
+        """Groups handed out, or trained or dropped before a restart (`done`): their later events are
+        resends or a re-run's, never handed out again and holding nothing back."""
+        self.repeated = 0
+        """`GroupCompleted` events of groups in `_done` (a re-run, or a resend after a broker lost its log)."""
 
     def add(self, event, partition: Partition = ("", 0), offset: int = 0) -> TrainGroup | None:
         self._next[partition] = max(self._next.get(partition, 0), offset + 1)
         group_id = getattr(event, "group_id", None)
         if event.run_id != self.run_id or group_id is None:
             return None
+        if group_id in self._done:
+            self.repeated += isinstance(event, GroupCompleted)
+            return None
         pending = self._pending.setdefault(group_id, _Pending())
         pending.first_offsets.setdefault(partition, offset)
         if isinstance(event, StepRecorded):
-            pending.steps[event.trajectory_id].append(event)
-        if not isinstance(event, GroupCompleted):
+            pending.steps[event.trajectory_id].setdefault(event.step, event)
+        elif isinstance(event, GroupCompleted):
+            pending.completed = event  # a re-run's announcement replaces an earlier one still waiting
+        if not pending.whole():
             return None
-        del self._pending[group_id]
-        self._held[group_id] = pending.first_offsets
-        trajectories = [sorted(pending.steps.get(t, []), key=lambda s: s.step) for t in event.trajectory_ids]
+        return self._hand_out(self._pending.pop(group_id))
+
+    def waiting(self) -> list[GroupCompleted]:
+        """Groups announced complete that still wait for a step (a resend the announcement overtook)."""
+        return [p.completed for p in self._pending.values() if p.completed is not None]
+
+    def abandon(self, group_id: str) -> TrainGroup:
+        """Stop waiting for a group's steps: the group as far as it came, held until `release`d (to drop it)."""
+        return self._hand_out(self._pending.pop(group_id))
+
+    def _hand_out(self, pending: _Pending) -> TrainGroup:
+        event = pending.completed
+        self._done.add(event.group_id)
+        self._held[event.group_id] = pending.first_offsets
+        trajectories = [sorted(pending.steps.get(t, {}).values(), key=lambda s: s.step) for t in event.trajectory_ids]
         advantages = group_advantages(control_rewards(event, self.control), scale_by_std=self.scale_by_std)
         return TrainGroup(event, trajectories, advantages, pending.first_offsets)
 
@@ -131,8 +168,6 @@ class GroupAssembler:
 class BuilderStats:
     groups_trained: int = 0
     dropped: dict[str, int] = field(default_factory=lambda: defaultdict(int))
-    duplicates: int = 0
-    """Groups seen again after a rollout crash re-ran them (trained once only)."""
     wait_s: float = 0.0
 
 
@@ -144,9 +179,8 @@ class BatchBuilder:
         self.config, self.producer = config, producer
         self.consumer = EventConsumer(settings, config.group_id, [ROLLOUT], producer, client_id="trainer")
         self.store = ScreenshotStore.from_settings(settings)
-        self.assembler = GroupAssembler(config.run_id, config.control, config.grpo.scale_by_std)
+        self.assembler = GroupAssembler(config.run_id, config.control, config.grpo.scale_by_std, done=skip)
         self.ready: list[TrainGroup] = []
-        self.seen: set[str] = set(skip)
         self.stats = BuilderStats()
         self.starvation = Starvation()
 
@@ -170,11 +204,6 @@ class BatchBuilder:
         group = self.assembler.add(d.event, (d.topic, d.partition), d.offset)
         if group is None:
             return
-        if group.group_id in self.seen:
-            self.stats.duplicates += 1
-            self.assembler.release(group.group_id)
-            return
-        self.seen.add(group.group_id)
         if not group.has_tokens:
             self._drop(group, "no_tokens", version)
         elif not self._informative(group):
@@ -219,6 +248,10 @@ class BatchBuilder:
             else:
                 self._drop(g, "stale", version)
         self.ready = keep
+        # A group waiting for an overtaken step waits as long as it could still be trained.
+        for completed in self.assembler.waiting():
+            if not admissible([completed.min_policy_version], version, self.config.eta):
+                self._drop(self.assembler.abandon(completed.group_id), "steps_missing", version)
 
     def _drop(self, group: TrainGroup, reason: str, version: int) -> None:
         steps = [s for t in group.trajectories for s in t]
@@ -238,7 +271,8 @@ class BatchBuilder:
     def describe(self) -> str:
         s = self.stats
         return (f"{len(self.ready)} groups ready, {s.groups_trained} trained, dropped {dict(s.dropped)}, "
-                f"{s.duplicates} seen before, {len(self.consumer.assignment())} partitions assigned")
+                f"{self.assembler.repeated} seen before, {len(self.assembler.waiting())} waiting for a step, "
+                f"{len(self.consumer.assignment())} partitions assigned")
 
     def trained(self, batch: list[TrainGroup]) -> None:
         """The batch's update is published: its groups no longer hold back the commit."""
