@@ -24,7 +24,6 @@ from test_assets import ASSETS, RUN, write_sample_run
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(720)]
 
-REPO = Path(__file__).resolve().parents[1]
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync"]
 RUNS = "{ runsOrError { ... on Runs { results { runId status tags { key value } } } } }"
@@ -55,7 +54,8 @@ def _wait(what: str, check, timeout: float, every: float = 2.0):
 @contextlib.contextmanager
 def dagster_dev_server(tmp_path: Path, env: dict[str, str]):
     """`dagster dev -m assets` on a free port, with `env` (the ledger and stack settings, `AWRL_*`);
-    yields its URL. Stopped with SIGINT (it ignores SIGTERM), then its process group killed."""
+    yields its URL. Run outside the checkout: `dagster dev` loads a `./.env` over its environment, and
+    the checkout may hold one (`awrl stack up` writes it), naming another stack. Stopped with SIGINT (it ignores SIGTERM), then its process group killed."""
     home = tmp_path / "home"
     home.mkdir()
     (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
@@ -64,7 +64,7 @@ def dagster_dev_server(tmp_path: Path, env: dict[str, str]):
     started = time.monotonic()
     proc = subprocess.Popen(
         [str(Path(sys.executable).with_name("dagster")), "dev", "-m", "assets", "-h", "127.0.0.1",
-         "-p", base.rsplit(":", 1)[1]], cwd=REPO, env={**os.environ, **env, "DAGSTER_HOME": str(home)},
+         "-p", base.rsplit(":", 1)[1]], cwd=tmp_path, env={**os.environ, **env, "DAGSTER_HOME": str(home)},
         stdout=log, stderr=subprocess.STDOUT,
         start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 

@@ -309,7 +309,9 @@ def test_awrl_run_with_the_vllm_policy_trains_end_to_end(served, boxes_warm_star
            "--rollout.model-dir", str(sft), "--minutes", "15", "--rollout.workers", "4", "--rollout.group-size", "4",
            "--train.groups-per-update", "2", "--train.max-updates", "4", "--data-dir", str(served.data_dir),
            "--format", "json"]  # budgeted in updates (the 4th trains only tokens of v1 on: eta 2); 15 min a cap
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=1200)
+    # Not in the checkout: `awrl run` writes `./.env`, which `dagster dev` (run from the checkout by the
+    # Dagster UI tests) loads over its own environment, pointing it at this stack after it is gone.
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=1200, cwd=tmp_path)
     stop.set()
     print(done.stdout[-2500:])
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
