@@ -3,7 +3,8 @@ against what the producers sent and what the trainer trained.
 
 - every event a producer handed to its outbox (acknowledged or not) is in the ledger: the outboxes
   are empty, and no trajectory in the ledger misses a step below its last;
-- no event is in the ledger twice;
+- no event is in the ledger twice, counted in the stored rows (`read_events` and the views read each
+  event id once, so they would hide a row written twice); `awrl ledger verify`'s findings are listed too;
 - every completed group was trained once, dropped with a reason, or is still open (never twice);
 - no group was trained with a step missing: every step its announcement names is in the ledger, and
   its update scored as many response tokens as those steps carry (a trainer that had a step fewer,
@@ -18,8 +19,13 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
+import pyarrow.dataset as ds
+
+from analysis import connect
+from analysis.verify import verify
 from pipeline.checkpoints import CheckpointStore
-from pipeline.ledger import read_events
+from pipeline.ledger import list_parquet, read_events
+from pipeline.store import ledger_filesystem
 from pipeline.settings import StackSettings
 from trainer.staleness import admissible
 
@@ -64,6 +70,8 @@ class Reconciliation:
     versions_twice: int = 0
     """Version numbers published by two different events (a trainer that resumed from too early)."""
     restarts: dict[str, int] = field(default_factory=dict)
+    verified: list[str] = field(default_factory=list)
+    """`awrl ledger verify`'s line per check, on the run's ledger."""
 
     @property
     def ok(self) -> bool:
@@ -88,6 +96,7 @@ class Reconciliation:
             f"versions published: {self.versions}, without a checkpoint: {self.versions_without_checkpoint}, "
             f"published twice: {self.versions_twice}",
             "services started again after dying: " + ", ".join(f"{k} {v}" for k, v in sorted(self.restarts.items())),
+            *(f"awrl ledger verify: {line}" for line in self.verified),
             "reconciled: OK" if self.ok else "reconciled: FAILED",
         ]
 
@@ -101,7 +110,7 @@ def reconcile(r: Reconciliation, settings: StackSettings, run_id: str, left: set
     for event_type in EVENT_TYPES:
         t = read_events(settings, run_id, event_type).to_pylist()
         tables[event_type] = t
-        ids.update(e["event_id"] for e in t)
+        ids.update(_stored_ids(settings, run_id, event_type))
     r.events, r.duplicated = sum(ids.values()), sum(n - 1 for n in ids.values() if n > 1)
     r.left_but_in_ledger = len(left & set(ids))
     steps: dict[str, dict[int, dict]] = {}
@@ -135,7 +144,17 @@ def reconcile(r: Reconciliation, settings: StackSettings, run_id: str, left: set
     numbers = Counter(n for n, _ in {(v["version"], v["event_id"]) for v in tables["PolicyVersionPublished"]})
     r.versions_twice = sum(1 for n in numbers.values() if n > 1)
     r.versions_without_checkpoint = sum(1 for v in versions if not store.exists(run_id, v))
+    r.verified = [f.line() for f in verify(connect(settings, run_id=run_id), run_id)]
     return r
+
+
+def _stored_ids(settings: StackSettings, run_id: str, event_type: str) -> list[str]:
+    """The event id of every stored row of one type (a row written twice: twice)."""
+    fs, root = ledger_filesystem(settings)
+    files = list_parquet(fs, f"{root}/run_id={run_id}/event_type={event_type}")
+    if not files:
+        return []
+    return ds.dataset(files, filesystem=fs, format="parquet").to_table(columns=["event_id"]).column(0).to_pylist()
 
 
 def _trained_short(updates: list[dict], completed: dict[str, dict], steps: dict[str, dict[int, dict]]) -> set[str]:

@@ -166,3 +166,21 @@ def test_cli_exits_0_on_a_sound_ledger_and_1_with_one_line_per_kind(tmp_path, aw
         "duplicates": 3, "missing_steps": 1, "version_gaps": 1, "unconfirmed_outbox": 1}
     code, _, err = awrl("nosuch", "--ledger-uri", tmp_path / "bad")
     assert code == 2 and err.startswith("error: no run 'nosuch' in the ledger")
+
+
+def test_the_soak_counts_a_row_written_twice(settings, tmp_path):
+    """`read_events` and the views read each event id once, so the chaos soak's reconciliation
+    (`bench/chaos_reconcile.py`) counts the stored rows: a step file written twice is every step twice."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    from chaos_reconcile import Reconciliation, reconcile
+
+    events = sound()
+    write_ledger(tmp_path, events)
+    copy_files(tmp_path, "r1", "StepRecorded")
+    steps = sum(1 for e in events if type(e).__name__ == "StepRecorded" and e.run_id == "r1")
+    r = reconcile(Reconciliation(0, []), settings.model_copy(update={"ledger_uri": str(tmp_path)}), "r1", set(), 2)
+    assert steps > 0 and r.duplicated == steps and not r.ok
+    assert f"duplicates: {steps} event ids stored more than once" in "\n".join(r.lines())
