@@ -61,8 +61,7 @@ def colour_probe(model_dir: str | Path, layouts: int = 32, temperature: float = 
     for seed in range(TEST_SEED, TEST_SEED + layouts):
         marks_p = []
         for colour in COLOURS:
-            task = make_task("colour", seed, "test").model_copy(
-                update={"instruction": f"Click the {colour} box.", "judge": {"target": colour, "named": colour}})
+            task = colour_task(seed, colour, "test")
             p = _mark_distribution(model, tokenizer, processor, suppress, suite, task, digits, temperature)
             valid.append(float(p.sum()))
             p = p / p.sum()
@@ -72,9 +71,14 @@ def colour_probe(model_dir: str | Path, layouts: int = 32, temperature: float = 
     return ProbeResult(layouts, _mean(correct), _mean(tv), _mean(valid))
 
 
-def _mark_distribution(model, tokenizer, processor, suppress, suite: BoxesSuite, task, digits: list[int],
-                       temperature: float) -> torch.Tensor:
-    """p(next token = each mark's digit) after the prompt and the response forced up to the mark ([4])."""
+def colour_task(seed: int, colour: str, split: str):
+    """The `colour` task on `seed`'s layout, naming `colour` whatever the seed draws."""
+    return make_task("colour", seed, split).model_copy(
+        update={"instruction": f"Click the {colour} box.", "judge": {"target": colour, "named": colour}})
+
+
+def prompt_ids(tokenizer, processor, suite: BoxesSuite, task) -> tuple[list[int], list[bytes]]:
+    """The first step's prompt token ids and screenshots, exactly as the pool renders them."""
     screen = suite.new_screen()
     instruction = asyncio.run(suite.reset(screen, task))
     png, marks = asyncio.run(screen.observe(True))
@@ -82,9 +86,19 @@ def _mark_distribution(model, tokenizer, processor, suppress, suite: BoxesSuite,
                       feedback="", history=[], memory={}, marks=marks, som=True, step=0, horizon=task.horizon,
                       viewport=screen.viewport)
     text, images = render_prompt(obs)
-    prompt = build_inputs(tokenizer, text, images, processor)["input_ids"][0].tolist()
-    response = json.dumps({"thought": thought(task), "memory": {"plan step": "0"},
-                           "action": {"kind": "click", "mark": 0}})
+    return build_inputs(tokenizer, text, images, processor)["input_ids"][0].tolist(), images
+
+
+def response_text(task, mark: int) -> str:
+    """The warm start's response format, clicking `mark`."""
+    return json.dumps({"thought": thought(task), "memory": {"plan step": "0"}, "action": {"kind": "click", "mark": mark}})
+
+
+def _mark_distribution(model, tokenizer, processor, suppress, suite: BoxesSuite, task, digits: list[int],
+                       temperature: float) -> torch.Tensor:
+    """p(next token = each mark's digit) after the prompt and the response forced up to the mark ([4])."""
+    prompt, images = prompt_ids(tokenizer, processor, suite, task)
+    response = response_text(task, 0)
     forced = tokenizer(response[: response.rindex("0")] + "0", add_special_tokens=False)["input_ids"]
     if forced[-1] != digits[0]:
         raise ValueError("the mark's digit is not a token of its own in this tokenizer")

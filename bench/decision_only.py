@@ -24,7 +24,6 @@ RL's noise is the bound; if both move it, Adam's step on a one-token gradient is
 
 from __future__ import annotations
 
-import asyncio
 import json
 import random
 import time
@@ -41,26 +40,13 @@ OUT = Path(__file__).parent / "out"
 def _example(tokenizer, processor, suite, seed: int, colour: str, split: str, clicked: str | None = None):
     """(prompt+forced ids, images, the mark's digit id, the full response's ids): the correct response,
     or with `clicked` the warm start's own kind of demonstration (`named`: that box, whatever the colour)."""
-    from model.inputs import build_inputs
-    from model.prompt import render_prompt
-    from pipeline.hashing import sha256_hex
-    from rollout.suites.boxes import make_task
-    from rollout.suites.boxes.suite import COLOURS, thought
-    from schemas.observation import Observation
+    from analysis.probe import colour_task, prompt_ids, response_text
+    from rollout.suites.boxes.suite import COLOURS
 
-    task = make_task("colour", seed, split).model_copy(
-        update={"instruction": f"Click the {colour} box.", "judge": {"target": colour, "named": colour}})
-    screen = suite.new_screen()
-    instruction = asyncio.run(suite.reset(screen, task))
-    png, marks = asyncio.run(screen.observe(True))
-    obs = Observation(instruction=instruction, screenshots=[png], screenshot_sha256=[sha256_hex(png)], url=screen.url,
-                      feedback="", history=[], memory={}, marks=marks, som=True, step=0, horizon=task.horizon,
-                      viewport=screen.viewport)
-    text, images = render_prompt(obs)
-    prompt = build_inputs(tokenizer, text, images, processor)["input_ids"][0].tolist()
+    task = colour_task(seed, colour, split)
+    prompt, images = prompt_ids(tokenizer, processor, suite, task)
     mark = COLOURS.index(clicked or colour)
-    response = json.dumps({"thought": thought(task), "memory": {"plan step": "0"},
-                           "action": {"kind": "click", "mark": mark}})
+    response = response_text(task, mark)
     # Up to and including the mark's digit, as `analysis.probe` forces it: the logits at the digit's
     # position are its distribution (a prefix cut before the digit tokenizes its space differently).
     forced = tokenizer(response[: response.rindex(str(mark)) + 1], add_special_tokens=False)["input_ids"]
