@@ -19,13 +19,10 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-import pyarrow.dataset as ds
-
 from analysis import connect
 from analysis.verify import verify
 from pipeline.checkpoints import CheckpointStore
-from pipeline.ledger import list_parquet, read_events
-from pipeline.store import ledger_filesystem
+from pipeline.ledger import read_events, stored_event_ids
 from pipeline.settings import StackSettings
 from trainer.staleness import admissible
 
@@ -110,7 +107,7 @@ def reconcile(r: Reconciliation, settings: StackSettings, run_id: str, left: set
     for event_type in EVENT_TYPES:
         t = read_events(settings, run_id, event_type).to_pylist()
         tables[event_type] = t
-        ids.update(_stored_ids(settings, run_id, event_type))
+        ids.update(stored_event_ids(settings, run_id, event_type))
     r.events, r.duplicated = sum(ids.values()), sum(n - 1 for n in ids.values() if n > 1)
     r.left_but_in_ledger = len(left & set(ids))
     steps: dict[str, dict[int, dict]] = {}
@@ -146,15 +143,6 @@ def reconcile(r: Reconciliation, settings: StackSettings, run_id: str, left: set
     r.versions_without_checkpoint = sum(1 for v in versions if not store.exists(run_id, v))
     r.verified = [f.line() for f in verify(connect(settings, run_id=run_id), run_id)]
     return r
-
-
-def _stored_ids(settings: StackSettings, run_id: str, event_type: str) -> list[str]:
-    """The event id of every stored row of one type (a row written twice: twice)."""
-    fs, root = ledger_filesystem(settings)
-    files = list_parquet(fs, f"{root}/run_id={run_id}/event_type={event_type}")
-    if not files:
-        return []
-    return ds.dataset(files, filesystem=fs, format="parquet").to_table(columns=["event_id"]).column(0).to_pylist()
 
 
 def _trained_short(updates: list[dict], completed: dict[str, dict], steps: dict[str, dict[int, dict]]) -> set[str]:

@@ -95,6 +95,16 @@ def read_events(settings: StackSettings, run_id: str, event_type: str, columns: 
     return table.drop_columns(["event_id"]) if keyed else table
 
 
+def stored_event_ids(settings: StackSettings, run_id: str, event_type: str) -> list[str]:
+    """The event id of every stored row of one type in one run, a row written twice twice: what an
+    exactly-once check counts (`read_events` reads each id once)."""
+    fs, root = ledger_filesystem(settings)
+    files = list_parquet(fs, f"{root}/run_id={run_id}/event_type={event_type}")
+    if not files:
+        return []
+    return ds.dataset(files, filesystem=fs, format="parquet").to_table(columns=["event_id"]).column(0).to_pylist()
+
+
 def first_of_each(table: pa.Table) -> pa.Table:
     """The table with each `event_id`'s first row only: a defence against a duplicate that got into the
     ledger anyway. One hash pass when there is none (the usual case)."""
