@@ -8,6 +8,8 @@ batch (the `UpdateApplied` events sharing a `version_before`):
 - the start: the checkpoint of `version_before` and the trainer's sharded optimizer state stored beside
   it (DCP), read back as full tensors (`trainer.state.load_full_state`);
 - the config: the recorded `config_json`, optionally with `overrides` (a variant);
+- the SFT anchor's demonstrations (`TrainConfig.anchor`): read from the ledger as the trainer read
+  them, each step's drawn from (seed, update step) as the trainer drew them (`trainer.update.draw_anchor`);
 - the maths: the trainer's own `flatten`, `shard`, `response_logprobs` and `optimizer_step` (one
   function for both). The recorded FSDP2 world size is emulated in one process
   (`trainer.sharding.EmulatedFSDP`): micro-batch by micro-batch, the ranks' gradients summed in rank
@@ -48,12 +50,15 @@ from pipeline.store import ScreenshotStore
 from schemas import BY_NAME, UpdateApplied, table_to_events
 from trainer.batch import GroupAssembler, TrainGroup
 from trainer.config import TrainConfig
+from trainer.sft import demonstrations
 from trainer.sharding import EmulatedFSDP
 from trainer.state import load_full_state
 from trainer.update import (
     Scorer,
     StepSample,
+    anchor_stats,
     combine,
+    draw_anchor,
     flatten,
     optimizer_step,
     response_logprobs,
@@ -106,6 +111,7 @@ class RunLedger:
         self._versions = {v.version: v for v in self._events("PolicyVersionPublished")}
         self._groups = {g.group_id: g for g in self._events("GroupCompleted")}
         self._reference: torch.nn.Module | None = None
+        self._demonstrations: dict[tuple[str, ...], list[StepSample]] = {}
         self._steps = defaultdict(list)
         for s in self._events("StepRecorded"):
             self._steps[s.trajectory_id].append(s)
@@ -155,6 +161,21 @@ class RunLedger:
         if self._reference is None:
             self._reference = scorer.frozen(self.checkpoint(0)).model
         return replace(scorer, model=self._reference)
+
+    def demonstrations(self, config: TrainConfig, recorded: UpdateApplied) -> list[StepSample]:
+        """The SFT anchor's demonstration steps (`trainer.sft.demonstrations`), read once per ledger; none
+        with the anchor off. Refused if the recorded config's runs now hold another number of them."""
+        if not config.anchor.coef:
+            return []
+        key = tuple(config.anchor.run_ids)
+        if key not in self._demonstrations:
+            self._demonstrations[key] = demonstrations(self.settings, list(key))
+        steps, count = self._demonstrations[key], recorded.stats.get("anchor_demonstrations")
+        same_runs = key == TrainConfig.model_validate_json(recorded.config_json).anchor.run_ids
+        if same_runs and count is not None and count != len(steps):
+            raise ValueError(f"the anchor's runs {list(key)} hold {len(steps)} demonstration steps in the ledger, "
+                             f"the trainer read {count:g}: the draws would differ")
+        return steps
 
     def checkpoint(self, version: int) -> Path:
         """The local directory of a published version's weights."""
@@ -256,14 +277,17 @@ def replay_batch(ledger: RunLedger, recorded: list[UpdateApplied], overrides: di
     ref = ledger.reference(scorer) if config.kl_coef else None
     reference = ([[response_logprobs(ref, s, config.temperature) for s in ranks] for ranks in shards]
                  if ref is not None else None)
+    pool = ledger.demonstrations(config, first)
     out = []
     for m, (u, (_, num_trajectories)) in enumerate(zip(recorded, flat)):
         step = optimizer_step(scorer, optimizer, config, u.update_step, shards[m], num_trajectories,
                               first.version_before, proximal[m] if proximal else None,
-                              reference[m] if reference else None)
+                              reference[m] if reference else None,
+                              draw_anchor(pool, config, u.update_step, range(world), world))
         loss, tokens = combine(step.scored)
+        stats = update_stats(tokens, config) | anchor_stats(step.anchor_nll)
         out.append(Replayed(u.update_step, u.version_before, loss, step.grad_norm, optimizer.sha256(),
-                            update_stats(tokens, config), full_sha256=weights_sha256(model.state_dict())))
+                            stats, full_sha256=weights_sha256(model.state_dict())))
     return out, model, scorer
 
 

@@ -38,7 +38,7 @@ from rollout.episode import EpisodeConfig
 from rollout.evaluate import Difference
 from rollout.run import RolloutRequest, make_suite, run_rollout
 from schemas.observation import Difficulty, Split, SuiteName
-from trainer.config import TrainConfig
+from trainer.config import AnchorConfig, TrainConfig
 from trainer.sft import SFTConfig, SFTResult, train_sft
 
 
@@ -129,6 +129,13 @@ class LearningConfig:
     """Episodes per RL task group (GRPO's G)."""
     train: TrainConfig = RL_TRAIN
     """RL hyper-parameters; the run sets `train.run_id` and `train.temperature` (from `temperature`)."""
+    anchor_coef: float = 0.0
+    """gamma of an SFT anchor in RL on the warm start's own demonstrations (PPO-ptx, `train.anchor`):
+    sets `train.anchor.coef` and `train.anchor.run_ids` to the demonstrations run, `<run_id>-demos`, or
+    with `warm_start` the `<warm_start_run>-demos` it was cloned from; 0 leaves `train.anchor` as given."""
+    warm_start_run: str | None = None
+    """The run that built `warm_start` (`controlled_warm_start`'s `run_id`), whose demonstrations the
+    anchor (`anchor_coef`) reads from the ledger."""
     curriculum: CurriculumConfig = CurriculumConfig(skip_uninformative=2)
     """RL draws the task families whose recent success is in band, seeded by the SFT evaluation's
     outcomes, and passes over instances whose last 2 groups were all-equal (`rollout.curriculum`); when
@@ -141,6 +148,25 @@ class LearningConfig:
 
     def __post_init__(self) -> None:
         set_by_run(self.train, "train", run_id=(self.run_id, "--run-id"), temperature=(self.temperature, "--temperature"))
+        if self.anchor_coef and self.warm_start is not None and not self.warm_start_run:
+            raise ValueError("anchor_coef > 0 with a warm_start needs warm_start_run: the run whose "
+                             "demonstrations the warm start cloned (`controlled_warm_start`'s run_id)")
+
+
+def demonstrations_run(run_id: str) -> str:
+    """The run of `run_id`'s oracle demonstrations, which its SFT warm start clones."""
+    return f"{run_id}-demos"
+
+
+def rl_train_config(config: LearningConfig, run_id: str) -> TrainConfig:
+    """The RL stage's `TrainConfig`: `config.train` for this run, with the anchor of `anchor_coef`."""
+    train = config.train.model_copy(update={"run_id": run_id, "temperature": config.temperature,
+                                            "max_updates": config.rl_updates or config.train.max_updates})
+    if not config.anchor_coef:
+        return train
+    demos = demonstrations_run(config.warm_start_run if config.warm_start is not None else run_id)
+    anchor = AnchorConfig.model_validate({**train.anchor.model_dump(), "coef": config.anchor_coef, "run_ids": (demos,)})
+    return train.model_copy(update={"anchor": anchor})
 
 
 CONTROLLED_UPDATES = 80
@@ -150,18 +176,20 @@ constant targets rose by +0.32 to +0.40 at 20 versions, none collapsing (bench/R
 
 def controlled(run_id: str, out_dir: Path, rl_minutes: float = 10.0, control: str = "none",
                warm_start: Path | None = None, target: str = "red", rl_updates: int | None = CONTROLLED_UPDATES,
-               seed: int = 0) -> LearningConfig:
+               seed: int = 0, anchor_coef: float = 0.0, warm_start_run: str | None = None) -> LearningConfig:
     """The controlled learning test on the `boxes` suite (no browser): demonstrations of `named` ("click
     the <colour> box", restated in the thought, the box drawn uniformly) give a warm start at chance on
     "click the `target` box" (a colour, or `colour`: the one the instruction names), RL from it for `rl_updates` optimizer steps (at most `rl_minutes`), held-out
     seeds evaluated before and after; with `control="shuffled_rewards"` the same run whose advantages
-    carry no information."""
+    carry no information. `anchor_coef` > 0 adds the SFT anchor on the warm start's demonstrations (those
+    of `warm_start_run`, the `run_id` given to `controlled_warm_start`, when `warm_start` is given)."""
     return LearningConfig(
         suite="boxes", difficulty=None, templates=(target,), demo_templates=("named",), demo_episodes=300,
         sft_epochs=4, sft_batch_steps=4, rl_minutes=rl_minutes, rl_updates=rl_updates, eval_episodes=96,
         eval_split="test", temperature=1.0, workers=2, eval_workers=4, group_size=8, rl_eval_points=3, run_id=run_id,
         out_dir=out_dir, warm_start=warm_start, curriculum=CurriculumConfig(enabled=False), seed=seed,
-        malformed_reward=CONTROLLED_MALFORMED_REWARD, train=CONTROLLED_TRAIN.model_copy(update={"control": control}))
+        malformed_reward=CONTROLLED_MALFORMED_REWARD, train=CONTROLLED_TRAIN.model_copy(update={"control": control}),
+        anchor_coef=anchor_coef, warm_start_run=warm_start_run)
 
 
 def train_templates(config: LearningConfig) -> tuple[str, ...] | None:
@@ -221,8 +249,7 @@ def run_learning(settings: StackSettings, config: LearningConfig,
                 measure.recall(stage, config.sft_measured_by)
 
         say(f"[3/3] async RL for {config.rl_minutes:g} min from the SFT policy")
-        train = config.train.model_copy(update={"run_id": run_id, "temperature": config.temperature,
-                                                "max_updates": config.rl_updates or config.train.max_updates})
+        train = rl_train_config(config, run_id)
         rollout = RolloutRequest(
             suite=config.suite, difficulty=config.difficulty, templates=templates, policy="local", model_dir=sft_dir,
             workers=config.workers, group_size=config.group_size, seed=config.seed,
@@ -262,7 +289,7 @@ def warm_start(settings: StackSettings, config: LearningConfig, run_id: str, cur
         f"{f', {len(templates)} templates' if templates else ''})")
     demos = run_rollout(settings, RolloutRequest(
         suite=config.suite, policy="demo", workers=config.workers, group_size=1, episodes=config.demo_episodes,
-        split="train", difficulty=config.difficulty, templates=templates, run_id=f"{run_id}-demos",
+        split="train", difficulty=config.difficulty, templates=templates, run_id=demonstrations_run(run_id),
         episode=EpisodeConfig(som=True)))
     curve.demo_episodes, curve.demo_successes = demos.episodes, demos.successes
     LedgerWriter(settings).sync(idle_exit_s=3.0)  # SFT reads its demonstrations from the ledger
@@ -271,7 +298,7 @@ def warm_start(settings: StackSettings, config: LearningConfig, run_id: str, cur
     t0 = time.monotonic()
     out = config.out_dir / run_id / "sft"
     curve.sft = train_sft(settings, SFTConfig(
-        run_ids=[f"{run_id}-demos"], out_dir=out, epochs=config.sft_epochs, lr=config.sft_lr,
+        run_ids=[demonstrations_run(run_id)], out_dir=out, epochs=config.sft_epochs, lr=config.sft_lr,
         batch_steps=config.sft_batch_steps), on_step=_sft_progress(say))
     return out, time.monotonic() - t0
 

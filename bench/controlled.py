@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/controlled.py [--targets red,blue,green,black,colour] [--seeds 3]
         [--first-seed 0] [--controls] [--warm-start DIR] [--rl-updates 80] [--rl-minutes 20] [--kl-coef 0]
-        [--train KEY=VALUE ...] [--probe]
+        [--train KEY=VALUE ...] [--anchor-coef 0] [--warm-start-run warm] [--probe]
 
 Each run is `tests/test_learning.py`'s real run (`app.learning.controlled`) on one local stack: RL on
 "click the <target> box" (or `colour`: the colour the instruction names) from a warm start at chance,
@@ -13,6 +13,9 @@ than the test's 10 so that a long run (`colour`, 160 steps) ends by updates, as 
 `--kl-coef` sets the controlled configuration's KL penalty to the warm start (`TrainConfig.kl_coef`;
 the configuration's own, 1, without it); `--train KEY=VALUE` sets any field of the RL stage's
 `TrainConfig` (dotted, JSON values: `--train tokens.pg=action --train lr=3e-4 --train ppo_epochs=4`).
+`--anchor-coef` adds the SFT anchor on the warm start's own demonstrations (`TrainConfig.anchor`, PPO-ptx),
+read from the ledger as the run `--warm-start-run`'s (`warm`, the id the shared warm start is built under);
+their screenshots are copied into each run's own bucket, where its trainer fetches them.
 `--probe` runs `analysis.probe.colour_probe` on the warm start and on each run's final version (does the
 mark depend on the instruction's colour word?). A run *collapses* when its final success is below its warm start.
 Prints the table and the collapse rate, draws success on the training tasks against policy version
@@ -40,7 +43,7 @@ OUT = Path(__file__).parent / "out"
 def main(targets: str = "red,blue,green,black,colour", seeds: int = 3, first_seed: int = 0, controls: bool = False,
          warm_start: Path | None = None, rl_updates: int = 80, rl_minutes: float = 20.0, kl_coef: float | None = None,
          train: list[str] = typer.Option([], help="KEY=VALUE: a TrainConfig field of the RL stage"),
-         probe: bool = False, tag: str = "") -> None:
+         anchor_coef: float = 0.0, warm_start_run: str = "warm", probe: bool = False, tag: str = "") -> None:
     from analysis import connect
     from analysis.probe import colour_probe
     from analysis.replay import parse_values, set_fields
@@ -66,8 +69,11 @@ def main(targets: str = "red,blue,green,black,colour", seeds: int = 3, first_see
                     t0 = time.monotonic()
                     own = settings.model_copy(update={"s3_bucket": f"awrl-{run_id}"})
                     ScreenshotStore.from_settings(own).ensure_bucket()
+                    if anchor_coef:
+                        _copy_demonstration_screenshots(settings, own, f"{warm_start_run}-demos")
                     config = controlled(run_id, d, control=control, warm_start=warm_start, target=target,
-                                        rl_updates=rl_updates, rl_minutes=rl_minutes, seed=seed)
+                                        rl_updates=rl_updates, rl_minutes=rl_minutes, seed=seed,
+                                        anchor_coef=anchor_coef, warm_start_run=warm_start_run)
                     if kl_coef is not None:
                         overrides["kl_coef"] = kl_coef
                     config = replace(config, train=set_fields(config.train, overrides))
@@ -102,6 +108,16 @@ def main(targets: str = "red,blue,green,black,colour", seeds: int = 3, first_see
     collapsed = [r["run"] for r in real if r["rl"] < r["sft"]]
     console.print(f"collapses: {len(collapsed)} of {len(real)} runs {collapsed}; smallest rise "
                   f"{min(r['change'] for r in real):+.2f} (the goal: >= +0.40 on every run)")
+
+
+def _copy_demonstration_screenshots(settings, own, run_id: str) -> None:
+    """The anchor's demonstrations' screenshots into a run's own bucket: its trainer reads screenshots
+    there only, and the demonstrations were recorded into the shared one."""
+    from pipeline.store import ScreenshotStore
+    from trainer.sft import demonstrations
+
+    hashes = {h for s in demonstrations(settings, [run_id]) for h in s.screenshot_sha256}
+    ScreenshotStore.from_settings(own).put_many(ScreenshotStore.from_settings(settings).get_many(hashes).values())
 
 
 if __name__ == "__main__":

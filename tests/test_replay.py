@@ -1,6 +1,6 @@
-"""Replay on the real stack: a short recorded run (2 trainer processes) is re-run offline from the
-ledger and the object store, bit for bit, and through loss variants whose per-token weights on the
-known batch are worked out by hand."""
+"""Replay on the real stack: a short recorded run (2 trainer processes, a KL penalty and the SFT
+anchor) is re-run offline from the ledger and the object store, bit for bit, and through loss variants
+whose per-token weights on the known batch are worked out by hand."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from test_train_resume import publish_groups
 
 from analysis.replay import VARIANTS, replay, with_overrides
 from pipeline.ledger import LedgerWriter
-from trainer.config import TrainConfig
+from trainer.config import AnchorConfig, TrainConfig
 from trainer.launch import launch
 
 slow = pytest.mark.slow  # everything using the recorded run: a torchrun trainer on the real stack
@@ -21,7 +21,9 @@ slow = pytest.mark.slow  # everything using the recorded run: a torchrun trainer
 @pytest.fixture(scope="module")
 def recorded(module_settings, tmp_path_factory):
     """Run `rp-*`: 2 updates of one group each (two one-step trajectories, rewards 1 and 0), 2 processes,
-    with a KL penalty to version 0 (so replay must rebuild pi_ref too)."""
+    with a KL penalty to version 0 (so replay must rebuild pi_ref too) and the SFT anchor on the run's
+    own 2 successful steps, one drawn a step (so one rank runs a padding demonstration, and replay must
+    read the demonstrations from the ledger and draw the same one)."""
     import os
 
     from pipeline.bus import create_topics
@@ -31,7 +33,9 @@ def recorded(module_settings, tmp_path_factory):
     create_topics(settings)
     run_id = f"rp-{uuid.uuid4().hex[:6]}"
     publish_groups(settings, run_id, 2)
-    config = TrainConfig(run_id=run_id, groups_per_update=1, max_updates=2, batch_timeout_s=30, kl_coef=0.5)
+    LedgerWriter(settings).sync(idle_exit_s=3.0)  # the anchor's demonstrations are read from the ledger
+    config = TrainConfig(run_id=run_id, groups_per_update=1, max_updates=2, batch_timeout_s=30, kl_coef=0.5,
+                         anchor=AnchorConfig(coef=0.5, run_ids=(run_id,), steps=1))
     assert launch(config, nproc=2, env={**os.environ, **settings.environ()}) == 0
     LedgerWriter(settings).sync(idle_exit_s=3.0)
     return settings, run_id
@@ -55,6 +59,21 @@ def test_replay_of_the_recorded_config_is_bit_exact(recorded):
         assert (r.loss, r.grad_norm, r.weights_sha256) == (u.loss, u.grad_norm, u.weights_sha256)
         assert b.exact
         assert (u.stats["kl_ref"] > 0) == (b.version_before > 0)  # at v0 pi_theta is pi_ref
+        # the anchor: recorded in the config and the stats, the same demonstration drawn and scored again
+        assert TrainConfig.model_validate_json(u.config_json).anchor.coef == 0.5
+        assert u.stats["anchor_demonstrations"] == 2 and u.stats["anchor_nll"] > 0
+        assert r.stats["anchor_nll"] == u.stats["anchor_nll"]
+
+
+@slow
+@pytest.mark.timeout(900)
+def test_replay_without_the_anchor_moves_the_weights_otherwise(recorded):
+    settings, run_id = recorded
+    (b,) = replay(settings, run_id, {"anchor.coef": 0.0}, updates=range(1, 2), heldout_steps=2)
+    (u,), (same,), (v,) = b.recorded, b.same, b.variant
+    assert b.exact and "anchor_nll" in same.stats and "anchor_nll" not in v.stats
+    assert v.loss == u.loss  # the policy loss alone is the same; the anchor's gradient is not in the step
+    assert v.weights_sha256 != u.weights_sha256 and b.kl > 0
 
 
 @slow

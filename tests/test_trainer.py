@@ -191,12 +191,12 @@ def test_shards_are_padded_to_equal_counts_and_interleave_back_to_the_one_proces
     assert [len(s) for s in (shard(samples[:1], r, 2) for r in range(2))] == [1, 1]  # fewer samples than ranks
 
 
-def _torchrun_steps(tmp_path, samples, trajectories, config, nproc: int, steps: int = 2, device: str = "cpu"
-                    ) -> list[dict]:
+def _torchrun_steps(tmp_path, samples, trajectories, config, nproc: int, steps: int = 2, device: str = "cpu",
+                    demonstrations=()) -> list[dict]:
     _, images = _batch()
-    name = f"{nproc}-{len(samples)}-{config.activation_checkpointing}-{device}"
+    name = f"{nproc}-{len(samples)}-{config.activation_checkpointing}-{device}-{len(demonstrations)}"
     (tmp_path / f"{name}.pkl").write_bytes(pickle.dumps(
-        (samples, trajectories, images, _policy().model.state_dict(), config, steps)))
+        (samples, trajectories, images, _policy().model.state_dict(), config, steps, list(demonstrations))))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
            str(Path(__file__).with_name("torchrun_step.py")), str(tmp_path / f"{name}.pkl"), str(tmp_path / f"{name}.pt")]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1", "AWRL_TEST_DEVICE": device})

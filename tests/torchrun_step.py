@@ -4,9 +4,10 @@ AWRL_TEST_DEVICE=cuda (test_fsdp_gpu.py).
 
     python -m torch.distributed.run --nproc_per_node N tests/torchrun_step.py IN.pkl OUT.pt
 
-IN.pkl: (samples, trajectories, screenshots by hash, initial weights, TrainConfig, steps).
+IN.pkl: (samples, trajectories, screenshots by hash, initial weights, TrainConfig, steps, demonstrations
+for `TrainConfig.anchor`).
 OUT.pt (rank 0): per step the loss, gradient norm, full weights and the ranks' combined digest of their
-shards, and each rank's state bytes.
+shards, each rank's state bytes, and the anchor's NLLs.
 """
 
 import os
@@ -23,7 +24,7 @@ from model.policy import ensure_policy, load_policy
 from pipeline.hashing import combined_sha256
 from trainer.sharding import FSDPOptimizer, peak_memory, reset_peak_memory, shard_model, shard_sha256, state_bytes
 from trainer.state import full_state_dict
-from trainer.update import Scorer, combine, interleave, optimizer_step, shard
+from trainer.update import Scorer, combine, draw_anchor, interleave, optimizer_step, shard
 
 cuda = os.environ.get("AWRL_TEST_DEVICE") == "cuda"
 device = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}" if cuda else "cpu")
@@ -32,7 +33,7 @@ if cuda:
 dist.init_process_group("nccl" if cuda else "gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
 with open(sys.argv[1], "rb") as f:
-    samples, trajectories, images, state, config, steps = pickle.load(f)
+    samples, trajectories, images, state, config, steps, demonstrations = pickle.load(f)
 model, tokenizer, image_processor = load_policy(ensure_policy())
 model.load_state_dict(state)
 model = shard_model(model.to(device).train(), init_device_mesh(device.type, (world,)), bf16=cuda and config.bf16,
@@ -42,16 +43,19 @@ scorer = Scorer(model, tokenizer, image_processor, suppressed_token_ids(tokenize
 out = []
 for update_step in range(steps):
     reset_peak_memory(device)
-    step = optimizer_step(scorer, optimizer, config, update_step, [shard(samples, rank, world)], trajectories, 0, None)
+    anchor = draw_anchor(demonstrations, config, update_step, [rank], world)
+    step = optimizer_step(scorer, optimizer, config, update_step, [shard(samples, rank, world)], trajectories, 0, None,
+                          anchor=anchor)
     gathered = [None] * world if rank == 0 else None
     memory = {**asdict(state_bytes(model, optimizer.optimizer)), "peak_bytes": peak_memory(device)}
-    dist.gather_object((step.scored, memory, shard_sha256(model)), gathered, dst=0)
+    dist.gather_object((step.scored, memory, shard_sha256(model), step.anchor_nll), gathered, dst=0)
     weights = {k: v.clone() for k, v in full_state_dict(model).items()}  # one CPU process: live tensors
     if rank == 0:
-        loss, _ = combine(interleave([s for s, _, _ in gathered]))
+        loss, _ = combine(interleave([s for s, _, _, _ in gathered]))
         out.append({"loss": loss, "grad_norm": step.grad_norm, "weights": weights,
-                    "digest": combined_sha256([d for _, _, d in gathered]),
-                    "memory": [m for _, m, _ in gathered], "scored": len(interleave([s for s, _, _ in gathered]))})
+                    "digest": combined_sha256([d for _, _, d, _ in gathered]),
+                    "memory": [m for _, m, _, _ in gathered], "scored": len(interleave([s for s, _, _, _ in gathered])),
+                    "anchor_nll": interleave([a for _, _, _, a in gathered])})
 if rank == 0:
     torch.save(out, sys.argv[2])
 dist.destroy_process_group()

@@ -6,11 +6,36 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from trainer.losses import GRPOConfig, PPOConfig, TokenSelection
+from trainer.losses import AnchorTokens, GRPOConfig, PPOConfig, TokenSelection
 
 LossName = Literal["grpo", "raft"]
+
+
+class AnchorConfig(BaseModel):
+    """An SFT anchor on demonstrations beside the RL loss (InstructGPT's PPO-ptx, `trainer.losses.anchor`):
+    each optimizer step adds `coef` x the mean NLL of `steps` demonstration steps drawn from `run_ids`."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    coef: float = Field(default=0.0, ge=0)
+    """gamma: the anchor's weight against the RL loss; 0 disables it (no demonstration is read)."""
+    run_ids: tuple[str, ...] = ()  # a tuple, not a list: the config stays hashable
+    """Runs whose successful trajectories are the demonstrations (`trainer.sft.demonstrations`): the
+    warm start's own, e.g. `<run>-demos` of `app.learning`."""
+    steps: int = Field(default=8, ge=1)
+    """Demonstration steps per optimizer step, drawn from (seed, update step): replay draws the same."""
+    tokens: AnchorTokens = "scaffold"
+    """`scaffold`: every response token but the action's values (the decision is RL's to change);
+    `all`: every response token."""
+
+    @model_validator(mode="after")
+    def _needs_demonstrations(self) -> AnchorConfig:
+        if self.coef > 0 and not self.run_ids:
+            raise ValueError(f"anchor.coef = {self.coef} > 0 needs anchor.run_ids: the runs whose successful "
+                             "trajectories are the demonstrations (e.g. the warm start's `<run>-demos`)")
+        return self
 
 
 class TrainConfig(BaseModel):
@@ -27,6 +52,9 @@ class TrainConfig(BaseModel):
     tokens: TokenSelection = TokenSelection()
     """Which response tokens carry the policy gradient and the KL penalty (`trainer.losses.tokens`):
     `tokens.pg=action` puts the gradient on the action's values only."""
+    anchor: AnchorConfig = AnchorConfig()
+    """An SFT anchor on the warm start's demonstrations (PPO-ptx): `anchor.coef` x their NLL is added to
+    each optimizer step's loss, which holds the output format RL otherwise wears away."""
     groups_per_update: int = Field(default=4, ge=1)
     """Task groups in one optimizer step (the batch)."""
     eta: int = Field(default=2, ge=0)

@@ -56,12 +56,16 @@ from pipeline.topics import TRAINER
 from schemas import GroupDropped, PolicyVersionPublished, RankMemory, UpdateApplied
 from trainer.batch import BatchBuilder
 from trainer.config import TrainConfig
+from trainer.sft import demonstrations
 from trainer.sharding import FSDPOptimizer, peak_memory, reset_peak_memory, shard_sha256, sharded_policy, state_bytes
 from trainer.state import full_state_dict, load_sharded
 from trainer.update import (
     Scored,
     Scorer,
+    StepSample,
+    anchor_stats,
     combine,
+    draw_anchor,
     flatten,
     interleave,
     optimizer_step,
@@ -98,6 +102,8 @@ class _Trainer:
     """Rank 0, with `config.push_address`: the direct weight push to a sampler."""
     unannounced: list[tuple[int, list]] = field(default_factory=list)
     """Rank 0: (version, batch) of the trained batches whose version is not yet durable."""
+    demonstrations: list[StepSample] = field(default_factory=list)
+    """With `config.anchor.coef` > 0: the anchor's demonstration steps, read once at start."""
 
     @property
     def leader(self) -> bool:
@@ -187,7 +193,8 @@ def _start(config: TrainConfig, settings: StackSettings, device: torch.device) -
         reference = replace(scorer, model=sharded(weights(first), frozen=True))
     t = _Trainer(config, settings, rank, world, scorer, reference, optimizer, checkpoints,
                  VersionWriter(checkpoints, config.run_id), version=latest.version if latest else 0,
-                 update_step=latest.update_step + 1 if latest and latest.update_step is not None else 0)
+                 update_step=latest.update_step + 1 if latest and latest.update_step is not None else 0,
+                 demonstrations=_demonstrations(config, settings, rank))
     if t.leader:
         create_topics(settings)
         t.producer = EventProducer(settings, client_id=TRAINER_CLIENT)
@@ -196,6 +203,21 @@ def _start(config: TrainConfig, settings: StackSettings, device: torch.device) -
     if latest is None:  # announce version 0, so the lineage starts at a stored checkpoint
         _publish(t, [])
     return t
+
+
+def _demonstrations(config: TrainConfig, settings: StackSettings, rank: int) -> list[StepSample]:
+    """The anchor's demonstrations (`trainer.sft.demonstrations`), read by rank 0 and sent to every rank,
+    so all draw from the same list even if the ledger grows meanwhile; none with the anchor off."""
+    if not config.anchor.coef:
+        return []
+    box = [demonstrations(settings, list(config.anchor.run_ids)) if rank == 0 else None]
+    dist.broadcast_object_list(box, src=0)
+    if not box[0]:
+        raise ValueError(f"anchor.coef > 0 but runs {list(config.anchor.run_ids)} hold no successful demonstration "
+                         "steps with tokens in the ledger (is it synced?)")
+    if rank == 0:
+        log.info("anchor: %d demonstration steps from %s", len(box[0]), list(config.anchor.run_ids))
+    return box[0]
 
 
 def _train_batch(t: _Trainer, batch: list, wait_s: float) -> list[UpdateApplied]:
@@ -213,13 +235,14 @@ def _train_batch(t: _Trainer, batch: list, wait_s: float) -> list[UpdateApplied]
     for i, m in enumerate(plan):
         t0 = time.perf_counter()
         reset_peak_memory(device)
+        anchor = draw_anchor(t.demonstrations, config, t.update_step, [t.rank], t.world)
         step = optimizer_step(t.scorer, t.optimizer, config, t.update_step, [mine[m]], flat[m][1], t.version,
-                              [proximal[m]] if proximal else None, [reference[m]] if reference else None)
+                              [proximal[m]] if proximal else None, [reference[m]] if reference else None, anchor)
         time.sleep(config.slow_s)
         memory = RankMemory(rank=t.rank, **vars(state_bytes(t.scorer.model, t.optimizer.optimizer)),
                             peak_bytes=peak_memory(device), device=device.type)
-        loss, stats, memories, digest = _gather_stats(step.scored, memory, shard_sha256(t.scorer.model), config,
-                                                      t.leader)
+        loss, stats, memories, digest = _gather_stats(step.scored, step.anchor_nll, memory,
+                                                      shard_sha256(t.scorer.model), config, t.leader)
         compute_s = time.perf_counter() - t0
         # pi_theta has moved away from pi_prox by this step's approx_kl: past the target, stop the batch
         stop = [t.leader and config.target_kl is not None and stats.get("approx_kl", 0.0) > config.target_kl]
@@ -230,6 +253,8 @@ def _train_batch(t: _Trainer, batch: list, wait_s: float) -> list[UpdateApplied]
             # threads: replay needs the same intra-op thread count to reproduce the update bit for bit
             stats.update(groups_dropped=float(sum(t.builder.stats.dropped.values())), world_size=float(t.world),
                          threads=float(torch.get_num_threads()), lr=step.lr, epoch=float(i // config.minibatches))
+            if t.demonstrations:  # replay checks that the ledger still holds as many
+                stats["anchor_demonstrations"] = float(len(t.demonstrations))
             first_wait = wait_s if i == 0 else 0.0
             updates.append(UpdateApplied(
                 run_id=config.run_id, update_step=t.update_step, version_before=t.version,
@@ -263,17 +288,18 @@ def _resume_state(settings: StackSettings, run_id: str
             min(published, key=lambda e: e.version, default=None), skip)
 
 
-def _gather_stats(scored: list[Scored], memory: RankMemory, digest: str, config: TrainConfig, leader: bool
-                  ) -> tuple[float, dict, list[RankMemory], str]:
-    """On rank 0: the batch loss and statistics over every rank's samples, merged in the 1-process
-    order (so they equal a 1-process update's), each rank's memory, and the weights' digest from every
-    rank's digest of its shards (the weights themselves stay sharded)."""
+def _gather_stats(scored: list[Scored], anchor_nll: list[float], memory: RankMemory, digest: str, config: TrainConfig,
+                  leader: bool) -> tuple[float, dict, list[RankMemory], str]:
+    """On rank 0: the batch loss and statistics over every rank's samples (and demonstration steps,
+    `anchor_nll`), merged in the 1-process order (so they equal a 1-process update's), each rank's
+    memory, and the weights' digest from every rank's digest of its shards (the weights stay sharded)."""
     gathered = [None] * dist.get_world_size() if leader else None
-    dist.gather_object((scored, memory, digest), gathered, dst=0)
+    dist.gather_object((scored, anchor_nll, memory, digest), gathered, dst=0)
     if not leader:
         return 0.0, {}, [], ""
-    loss, tokens = combine(interleave([s for s, _, _ in gathered]))
-    return loss, update_stats(tokens, config), [m for _, m, _ in gathered], combined_sha256([d for _, _, d in gathered])
+    loss, tokens = combine(interleave([s for s, _, _, _ in gathered]))
+    stats = update_stats(tokens, config) | anchor_stats(interleave([a for _, a, _, _ in gathered]))
+    return loss, stats, [m for _, _, m, _ in gathered], combined_sha256([d for _, _, _, d in gathered])
 
 
 def _commit(t: _Trainer) -> None:

@@ -11,13 +11,21 @@ pi_prox is the policy at the start of the update (the batch). With one optimizer
 are the weights being differentiated, so the proximal log-probs are the detached values of the same
 forward pass, which is what a separate no-grad pass computes (bit for bit; tested) at half the cost.
 With several minibatches (optimizer steps) per batch, `response_logprobs` scores every sample first.
+
+With `config.anchor` (PPO-ptx, `trainer.losses.anchor`), each optimizer step also backpropagates
+`anchor.coef` x the mean NLL of demonstration steps drawn for it (`draw_anchor`), sharded like the
+samples and after them, so any number of ranks sums the one-process gradient (to rounding; replay's
+emulation of the same ranks, bit for bit).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import functools
+import math
+import random
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Protocol
 
@@ -28,8 +36,8 @@ from model.policy import load_policy
 from model.response import decision_token_mask
 from trainer.batch import TrainGroup
 from trainer.config import TrainConfig
-from trainer.losses import (decoupled_ppo_objective, grpo_loss, kl_to_reference, raft_advantages, select_tokens,
-                            token_weights)
+from trainer.losses import (anchor_loss, anchor_mask, decoupled_ppo_objective, grpo_loss, kl_to_reference,
+                            raft_advantages, select_tokens, token_weights)
 from trainer.mismatch import mismatch_stats
 
 
@@ -216,6 +224,56 @@ def to_host(live: list[tuple[torch.Tensor, dict[str, torch.Tensor]]]) -> list[Sc
     return out
 
 
+@dataclass(frozen=True)
+class AnchorDraw:
+    """One optimizer step's demonstrations for the SFT anchor (`TrainConfig.anchor`)."""
+
+    shards: list[list[StepSample]]
+    """Per rank this process runs (the trainer: its own; replay: every recorded rank's), padded (`shard`)."""
+    drawn: int
+    """Demonstration steps drawn over all ranks: the anchor is `coef` x the mean of their NLLs."""
+
+
+def draw_anchor(demonstrations: list[StepSample], config: TrainConfig, update_step: int, ranks: Iterable[int],
+                world: int) -> AnchorDraw | None:
+    """The `anchor.steps` demonstration steps of optimizer step `update_step`, drawn from (seed,
+    update_step) alone, so a restarted trainer and replay draw the same ones; None with the anchor off."""
+    if not config.anchor.coef:
+        return None
+    if not demonstrations:
+        raise ValueError(f"anchor.coef > 0 but runs {list(config.anchor.run_ids)} hold no successful "
+                         "demonstration steps with tokens (is the ledger synced?)")
+    rng = random.Random(f"anchor {config.seed} {update_step}")  # a str seed is hashed with sha512: stable
+    drawn = rng.sample(demonstrations, min(config.anchor.steps, len(demonstrations)))
+    return AnchorDraw([shard(drawn, r, world) for r in ranks], len(drawn))
+
+
+def anchor_gradients(scorer: Scorer, demonstrations: list[StepSample], drawn: int, config: TrainConfig,
+                     after_backward: Callable[[], None] | None = None) -> list[float]:
+    """One backward per demonstration step of `coef / drawn` x its mean NLL (`trainer.losses.anchor`)
+    under the sampler's distribution, as the policy gradient scores; the live steps' NLLs."""
+    nlls = []
+    for s, inputs in scorer.samples(demonstrations):
+        n = len(s.response_token_ids)
+        logprobs, _ = score(scorer.model, inputs, n, scorer.suppress, config.temperature)  # [n]
+        decision = functools.partial(decision_token_mask, scorer.tokenizer, s.response_token_ids)
+        mask = anchor_mask(config.anchor.tokens, n, decision, logprobs.device)  # [n]
+        nll = anchor_loss(logprobs, mask)  # 0-d
+        loss = config.anchor.coef / drawn * nll
+        (loss if s.live else loss * 0.0).backward()  # a padding step: the same collectives, no gradient
+        if after_backward is not None:
+            after_backward()
+        if s.live:
+            nlls.append(nll.detach())
+    return torch.stack(nlls).cpu().tolist() if nlls else []  # one device-to-host copy
+
+
+def anchor_stats(nlls: list[float]) -> dict[str, float]:
+    """`anchor_nll`: the mean over the drawn demonstration steps of each one's mean NLL; fsum, so the
+    order ranks' values arrive in does not matter. Empty with the anchor off."""
+    return {"anchor_nll": math.fsum(nlls) / len(nlls)} if nlls else {}
+
+
 @dataclass
 class StepResult:
     lr: float
@@ -223,6 +281,8 @@ class StepResult:
     """The live samples this process scored, in its iteration order."""
     grad_norm: float
     """Global gradient norm before clipping."""
+    anchor_nll: list[float] = field(default_factory=list)
+    """The live demonstration steps' mean NLLs (`anchor_gradients`), in this process's order."""
 
 
 class ShardedOptimizer(Protocol):
@@ -240,19 +300,22 @@ class ShardedOptimizer(Protocol):
 
 def optimizer_step(scorer: Scorer, optimizer: ShardedOptimizer, config: TrainConfig, update_step: int,
                    shards: list[list[StepSample]], num_trajectories: int, version: int,
-                   proximal: list[list[torch.Tensor]] | None, reference: list[list[torch.Tensor]] | None = None
-                   ) -> StepResult:
+                   proximal: list[list[torch.Tensor]] | None, reference: list[list[torch.Tensor]] | None = None,
+                   anchor: AnchorDraw | None = None) -> StepResult:
     """One optimizer step, the trainer's and replay's alike: learning rate, gradients, clip, AdamW.
 
-    `shards`: per rank, its padded samples (`shard`); `proximal`/`reference` likewise. The trainer
-    passes its own rank's; replay passes every recorded rank's, run micro-batch by micro-batch in rank
-    order (`interleave`), which is the order `EmulatedFSDP` sums them in."""
+    `shards`: per rank, its padded samples (`shard`); `proximal`/`reference` likewise; `anchor`: the
+    step's demonstrations (`draw_anchor`), for the same ranks. The trainer passes its own rank's;
+    replay passes every recorded rank's, run micro-batch by micro-batch in rank order (`interleave`),
+    which is the order `EmulatedFSDP` sums them in."""
     optimizer.zero_grad()
     lr = set_lr(optimizer, config, update_step)
     scored = accumulate_gradients(scorer, interleave(shards), num_trajectories, version, config,
                                   interleave(proximal) if proximal else None,
                                   interleave(reference) if reference else None, optimizer.after_backward)
-    return StepResult(lr, scored, optimizer.clip_and_step(config.max_grad_norm))
+    nlls = (anchor_gradients(scorer, interleave(anchor.shards), anchor.drawn, config, optimizer.after_backward)
+            if anchor else [])
+    return StepResult(lr, scored, optimizer.clip_and_step(config.max_grad_norm), nlls)
 
 
 def set_lr(optimizer, config: TrainConfig, update_step: int) -> float:
