@@ -30,7 +30,7 @@ from kafka.errors import (
 from kafka.structs import OffsetAndMetadata, TopicPartition
 from pydantic import ValidationError
 
-from pipeline import health, kafka_waits
+from pipeline import health, kafka_groups, kafka_waits
 from pipeline.hashing import sha256_hex
 from pipeline.outbox import Outbox, Pending, Reconciler
 from pipeline.receipts import ReceiptReader
@@ -42,6 +42,7 @@ from schemas import Event, decode_event, encode_event
 Headers = list[tuple[str, bytes]]
 
 kafka_waits.install()
+kafka_groups.install()
 log = logging.getLogger(__name__)
 
 
