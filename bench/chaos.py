@@ -1,23 +1,26 @@
 """A chaos soak: the whole system under one random fault at a time, then a reconciliation.
 
-    .venv/bin/python bench/chaos.py --minutes 30 --every 60 [--seed N]
-    .venv/bin/python bench/chaos.py --matrix --minutes 2 --every 45     # the loaded fault matrix
-    .venv/bin/python bench/chaos.py --minutes 30 --every 60 --rebalance  # and the writers churning
+    .venv/bin/python bench/chaos.py --faults 30 --every 60 [--seed N]
+    .venv/bin/python bench/chaos.py --matrix --every 45                 # the loaded fault matrix
+    .venv/bin/python bench/chaos.py --faults 30 --every 60 --rebalance  # and the writers churning
 
 A stack of its own (Tansu, radosgw) and, kept running as compose's `restart: always` would (whatever
 exits is started again): a rollout pool (4 browsers, our sites, the demo policy), 2 ledger writers
-and the trainer (2 ranks). Every `--every` seconds one fault drawn from the fault matrix: the broker
-SIGKILLed (it comes back empty), the object store down for 10 s, the object store full for 10 s,
-the pool, one browser, one ledger writer or the trainer SIGKILLed. The seed is printed first, so a
-failure can be replayed.
+and the trainer (2 ranks). `--faults` faults drawn from the fault matrix: the broker SIGKILLed (it
+comes back empty), the object store down for 10 s, the object store full for 10 s, the pool, one
+browser, one ledger writer or the trainer SIGKILLed. The seed is printed first, so a failure can be
+replayed. A fault comes `--every` seconds after the one before at the earliest, and only once a
+finished episode more is in the ledger: the soak is budgeted in faults and events, so a loaded
+machine makes it longer, never emptier (a 3-minute clock once gave CI a run with no update at all).
 
-With `--rebalance` (the matrix's `rebalance` row), also every `--every` seconds, half-way between
-those: 3 more ledger writers join the consumer group, or leave it (`writers_churn`), and every 4th
-time one of the 2 writers is SIGSTOPped for longer than its Kafka session, so the group hands its
-partitions on, then resumed (`writer_stop`). These draw nothing from the seed's faults.
+With `--rebalance` (the matrix's `rebalance` row), also half-way between those: 3 more ledger
+writers join the consumer group, or leave it (`writers_churn`), and every 4th time one of the 2
+writers is SIGSTOPped for longer than its Kafka session, so the group hands its partitions on, then
+resumed (`writer_stop`). These draw nothing from the seed's faults.
 
-Then the pool stops, the trainer gets a minute to train what is left, the writers drain the outboxes,
-and the run is reconciled (`bench/chaos_reconcile.py`): nothing lost, nothing twice, no group trained
+After the last fault the system runs on until the trainer has published a version with an update.
+Then the pool stops, the trainer gets a minute to train what is left, the writers drain the
+outboxes, and the run is reconciled (`bench/chaos_reconcile.py`): nothing lost, nothing twice, no group trained
 twice or with a step missing, none open past its timeout.
 """
 
@@ -41,6 +44,7 @@ import typer
 
 from chaos_reconcile import Reconciliation, reconcile
 from pipeline.bus import EventProducer, create_topics
+from pipeline.ledger import read_events, stored_event_ids
 from pipeline.outbox import Outbox
 from pipeline.stack.ceph import s3_healthy
 from pipeline.stack.local import LocalStack
@@ -132,6 +136,10 @@ class Soak:
         self.churns = 0
         self.faults: list[tuple[float, str]] = []
         self.last_resort = 0
+        self.patience_s = 600.0
+        """Seconds without a finished episode or a version more in the ledger after which the soak ends
+        as `stalled`: a hang guard, far above a loaded machine's pace (a few episodes a minute)."""
+        self.stalled = ""
 
     def supervise(self) -> None:
         for s in self.services:
@@ -198,37 +206,78 @@ class Soak:
         subprocess.run(["radosgw-admin", "-c", str(conf), "quota", *args, "--quota-scope=bucket",
                         f"--bucket={self.settings.s3_bucket}"], check=True, capture_output=True, timeout=60)
 
-    def run(self, minutes: float, every_s: float, on_fault=_say, only: str | None = None,
+    def run(self, faults: int, every_s: float, on_fault=_say, only: str | None = None,
             rebalance: bool = False) -> None:
-        """`only`: that one fault, once, `every_s` in (a row of the loaded matrix), not random ones
-        (`rebalance`: none, the rebalance schedule alone). `rebalance`: also the `REBALANCE` faults,
-        every `every_s` half-way between the others."""
+        """Inject `faults` faults drawn from `FAULTS` (`only`: that one; `rebalance` as `only`: none, that
+        many `writers_churn`), with `rebalance` a `writers_churn` half-way between. Each waits `every_s`
+        (half of it between two of a rebalance schedule) and until a finished episode more than at the
+        one before is in the ledger, so the system did work between any two faults however slow the
+        machine. Then the system runs on, fault-free, until the trainer has published a version with an
+        update since the last fault. Budgeted in events: `patience_s` without any progress ends it as
+        `stalled` (a failure), never a clock that a loaded machine runs out."""
         self.supervise()
         started = time.monotonic()
-        next_fault, next_churn = started + every_s, started + every_s / 2
-        rebalance |= only == "rebalance"
-
-        def inject(fault: str) -> None:
+        gap = every_s / 2 if rebalance and only != "rebalance" else every_s
+        last = (started, self._finished() or 0)
+        for fault in _schedule(faults, only, rebalance):
+            if fault != "writer_stop" and not self._wait(lambda at=last: self._progressed(at, gap), "before a fault"):
+                return
+            if fault == "drawn":  # drawn when due, between the faults' own draws (a browser, a writer)
+                fault = only or self.rng.choice(FAULTS)
             self.faults.append((time.monotonic() - started, fault))
             on_fault(f"{time.monotonic() - started:6.0f} s  {fault}")
             self.inject(fault)
+            done = self._finished()
+            last = (time.monotonic(), last[1] if done is None else done)
+        versions = self._versions() or 0
+        self._wait(lambda: (self._versions() or 0) > versions, "for a version after the last fault")
 
-        while time.monotonic() - started < minutes * 60:
+    def _tick(self, seconds: int = 3) -> None:
+        for _ in range(seconds):
             time.sleep(1)
             self.supervise()
             self.resume(due_only=True)
-            if time.monotonic() >= next_fault and only != "rebalance" and not (only and self.faults):
-                inject(only or self.rng.choice(FAULTS))
-                next_fault += every_s  # on the clock: a fault that takes long does not delay the next
-            if rebalance and time.monotonic() >= next_churn:
-                inject("writers_churn")
-                if self.churns % STOP_EVERY == 0:
-                    inject("writer_stop")
-                next_churn += every_s
 
-    def drain(self, train_s: float = 60.0, outbox_s: float = 180.0) -> None:
-        """Stop the pool, give the trainer `train_s`, stop it; then, as producers that start again
-        would, confirm and resend what their outboxes hold until the writers have it all."""
+    def _wait(self, until, what: str) -> bool:
+        """Keep the system running until `until()`; False (and `stalled` set) if `patience_s` passes
+        without a finished episode or a version more in the ledger."""
+        seen, since = (self._finished(), self._versions()), time.monotonic()
+        while not until():
+            self._tick()
+            now = (self._finished(), self._versions())
+            if now != seen and None not in now:
+                seen, since = now, time.monotonic()
+            elif time.monotonic() - since > self.patience_s:
+                self.stalled = f"no finished episode and no version reached the ledger in {self.patience_s:g} s ({what})"
+                _say(f"         stalled: {self.stalled}")
+                return False
+        return True
+
+    def _progressed(self, last: tuple[float, int], gap: float) -> bool:
+        if time.monotonic() - last[0] < gap:
+            return False
+        done = self._finished()
+        return done is not None and done > last[1]
+
+    def _finished(self) -> int | None:
+        """Finished episodes in the ledger (None while the store cannot be read: store down)."""
+        try:
+            return len(stored_event_ids(self.settings, self.run_id, "EpisodeFinished"))
+        except Exception:  # noqa: BLE001 - a fault of the soak's own making
+            return None
+
+    def _versions(self) -> int | None:
+        """Published versions in the ledger that name an update (None while the store cannot be read)."""
+        try:
+            published = read_events(self.settings, self.run_id, "PolicyVersionPublished", ["update_ids"])
+        except Exception:  # noqa: BLE001
+            return None
+        return sum(1 for ids in published.column("update_ids").to_pylist() if ids)
+
+    def drain(self, train_s: float = 60.0, last_resort_s: float = 90.0) -> None:
+        """Stop the pool, give the trainer `train_s` more, stop it; then, as producers that start again
+        would, confirm and resend what their outboxes hold until the writers have it all (after
+        `last_resort_s`, also what stayed unconfirmed for 30 s: the outbox's last resort, compressed)."""
         self.pool.kill(signal.SIGINT)
         self.resume()
         for g in self.guests:
@@ -246,15 +295,23 @@ class Soak:
         for p in producers:
             p._reconciler.unacked_after_s = 0.0  # nothing of theirs is in flight any more
         try:
-            deadline = time.monotonic() + outbox_s
-            while self._left() and time.monotonic() < deadline:
-                if time.monotonic() > deadline - outbox_s / 2:  # the soak's time, compressed: the last
-                    for p in producers:                      # resort (10 min unconfirmed) comes now
+            started = since = time.monotonic()
+            left = self._left()
+            while left:
+                if time.monotonic() - started > last_resort_s:  # the soak's time, compressed: the last
+                    for p in producers:                         # resort (10 min unconfirmed) comes now
                         p._reconciler.unconfirmed_after_s = 30.0
                 for w in self.writers:
                     if not w.alive():
                         w.start()
                 time.sleep(2)
+                now = self._left()
+                if now < left:
+                    since = time.monotonic()
+                elif time.monotonic() - since > self.patience_s:
+                    self.stalled = f"the outboxes kept {now} events for {self.patience_s:g} s"
+                    break
+                left = now
         finally:
             for p in producers:
                 p.close(timeout=10)
@@ -278,8 +335,10 @@ class Soak:
 
     def reconcile(self, seed: int) -> Reconciliation:
         r = Reconciliation(seed, self.faults, restarts={s.name: s.starts - 1 for s in self.services},
-                           resent_at_drain=self.last_resort)
-        return reconcile(r, self.settings, self.run_id, self._left_ids(), ETA)
+                           resent_at_drain=self.last_resort, stalled=self.stalled)
+        r = reconcile(r, self.settings, self.run_id, self._left_ids(), ETA)
+        r.logs = {s.name: _tail(s.log) for s in [*self.services, *self.guests] if s.log.exists()}
+        return r
 
     def down(self) -> None:
         self.resume()
@@ -288,6 +347,24 @@ class Soak:
                 s.kill()
         finally:
             self.stack.down()
+
+
+def _tail(log: Path, lines: int = 12) -> list[str]:
+    return log.read_text(errors="replace").splitlines()[-lines:]
+
+
+def _schedule(faults: int, only: str | None, rebalance: bool) -> list[str]:
+    """The soak's faults in order: `faults` drawn ones (`drawn`: from `FAULTS` when due, or `only`), each
+    after a `writers_churn` with `rebalance`, every `STOP_EVERY`-th of those followed by a `writer_stop`;
+    with `only="rebalance"`, `faults` churns and their stops alone."""
+    out, churns = [], 0
+    for _ in range(faults):
+        if rebalance or only == "rebalance":
+            churns += 1
+            out += ["writers_churn", "writer_stop"] if churns % STOP_EVERY == 0 else ["writers_churn"]
+        if only != "rebalance":
+            out.append("drawn")
+    return out
 
 
 def _browsers(service: Service) -> list[psutil.Process]:
@@ -307,15 +384,16 @@ def _browsers(service: Service) -> list[psutil.Process]:
     return out
 
 
-def soak(workdir: Path, minutes: float, every_s: float, seed: int | None = None, on_fault=_say,
+def soak(workdir: Path, faults: int, every_s: float, seed: int | None = None, on_fault=_say,
          only: str | None = None, rebalance: bool = False) -> Reconciliation:
     seed = random.SystemRandom().randrange(2**31) if seed is None else seed
-    what = f"only {only}, once" if only else f"a fault every {every_s:g} s"
+    what = f"only {only}" if only else "drawn"
     what += ", writers joining and leaving between" if rebalance or only == "rebalance" else ""
-    on_fault(f"chaos soak: seed {seed} ({minutes:g} min, {what}; replay with --seed {seed})")
+    on_fault(f"chaos soak: seed {seed} ({faults} faults, {what}; each at least {every_s:g} s and a finished "
+             f"episode after the one before; replay with --seed {seed})")
     s = Soak(workdir, seed)
     try:
-        s.run(minutes, every_s, on_fault, only, rebalance)
+        s.run(faults, every_s, on_fault, only, rebalance)
         s.drain()
         return s.reconcile(seed)
     finally:
@@ -335,11 +413,11 @@ def matrix_row(fault: str, r: Reconciliation) -> str:
             f"{restarted} |")
 
 
-def main(minutes: float = typer.Option(30.0, help="Length of the soak."),
-         every: float = typer.Option(60.0, help="Seconds between faults."),
+def main(faults: int = typer.Option(30, help="Faults drawn (at least `--every` s and a finished episode apart)."),
+         every: float = typer.Option(60.0, help="Least seconds between faults."),
          seed: int = typer.Option(None, help="Replay a soak (printed first by every run)."),
          matrix: bool = typer.Option(False, help="The loaded fault matrix instead: each fault alone, once, "
-                                                 "`--every` s into a `--minutes` run of the whole system."),
+                                                 "`--every` s into a run of the whole system."),
          only: str = typer.Option(None, help=f"One row of the matrix: {', '.join(ROWS)}."),
          rebalance: bool = typer.Option(False, help="Also the writers joining, leaving and stalling (`REBALANCE`)."),
          workdir: Path = typer.Option(Path(".awrl/chaos"))) -> None:
@@ -350,7 +428,7 @@ def main(minutes: float = typer.Option(30.0, help="Length of the soak."),
     if matrix or only:
         rows, ok = [MATRIX_HEAD], True
         for fault in [only] if only else ROWS:
-            r = soak(workdir / fault, minutes, every, seed, only=fault)
+            r = soak(workdir / fault, STOP_EVERY if fault == "rebalance" else 1, every, seed, only=fault)
             rows.append(matrix_row(fault, r))
             ok &= r.ok
             print(rows[-1], flush=True)
@@ -358,7 +436,7 @@ def main(minutes: float = typer.Option(30.0, help="Length of the soak."),
                 print("\n".join(r.lines()), flush=True)
         print("\n".join(rows))
         raise typer.Exit(0 if ok else 1)
-    r = soak(workdir, minutes, every, seed, rebalance=rebalance)
+    r = soak(workdir, faults, every, seed, rebalance=rebalance)
     for line in r.lines():
         print(line)
     raise typer.Exit(0 if r.ok else 1)

@@ -69,10 +69,14 @@ class Reconciliation:
     restarts: dict[str, int] = field(default_factory=dict)
     verified: list[str] = field(default_factory=list)
     """`awrl ledger verify`'s line per check, on the run's ledger."""
+    stalled: str = ""
+    """Why the soak stopped early: the system made no progress for its patience (a failure)."""
+    logs: dict[str, list[str]] = field(default_factory=dict)
+    """The last lines of each service's log, shown when a check failed."""
 
     @property
     def ok(self) -> bool:
-        return not (self.duplicated or self.left_in_outboxes or self.missing_steps or self.trained_twice
+        return not (self.stalled or self.duplicated or self.left_in_outboxes or self.missing_steps or self.trained_twice
                     or self.trained_with_missing_step or self.dropped_without_reason or self.open_past_timeout
                     or self.versions_without_checkpoint or self.versions_twice)
 
@@ -94,8 +98,14 @@ class Reconciliation:
             f"published twice: {self.versions_twice}",
             "services started again after dying: " + ", ".join(f"{k} {v}" for k, v in sorted(self.restarts.items())),
             *(f"awrl ledger verify: {line}" for line in self.verified),
+            *([f"stalled: {self.stalled}"] if self.stalled else []),
             "reconciled: OK" if self.ok else "reconciled: FAILED",
         ]
+
+    def report(self) -> str:
+        """`lines()`, and each service's last log lines: what a failed run in CI leaves to read."""
+        tails = [f"--- {name} (last lines)\n" + "\n".join(lines) for name, lines in self.logs.items()]
+        return "\n".join([*self.lines(), *tails])
 
 
 def reconcile(r: Reconciliation, settings: StackSettings, run_id: str, left: set[str], eta: int) -> Reconciliation:
