@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import threading
 import time
@@ -12,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import get_args
 
+from kafka.errors import KafkaError
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -25,6 +27,8 @@ from rollout.episode import EpisodeConfig
 from rollout.pool import PoolConfig, PoolStats, RolloutPool
 from rollout.types import Policy, Suite
 from schemas.observation import Difficulty, PolicyName, Split, SuiteName, Task
+
+log = logging.getLogger(__name__)
 
 SUITES: tuple[str, ...] = get_args(SuiteName)
 POLICIES: tuple[str, ...] = get_args(PolicyName)
@@ -211,13 +215,30 @@ def _dispatch_loop(settings, pool: RolloutPool, run_id, tasks, req: RolloutReque
             if stats.groups_dispatched - stats.groups < backlog:
                 if budget is None or budget.try_dispatch():
                     version = max(req.min_version, budget.current_version if budget else pool.policy.version)
-                    dispatch(producer, run_id, tasks, 1, req.group_size, version=version)
-                    stats.groups_dispatched += 1
+                    stats.groups_dispatched += _dispatch_one(producer, run_id, tasks, req.group_size, version)
                     continue
                 stats.dispatch_paused_s += 0.2
             time.sleep(0.2)
+    except BaseException:
+        # A pool without its dispatcher would idle forever: stop it, so its supervisor starts it again.
+        log.exception("the dispatcher stopped; stopping the pool")
+        pool.request_stop()
+        raise
     finally:
         producer.close()
+
+
+def _dispatch_one(producer: EventProducer, run_id: str, tasks, group_size: int, version: int) -> int:
+    """Dispatch one task group; 1 if it is on its way (acknowledged, or in the producer's outbox, which
+    sends it again after a broker restart), 0 if it was lost (no outbox: the loop dispatches another)."""
+    try:
+        dispatch(producer, run_id, tasks, 1, group_size, version=version)
+    except KafkaError as exc:
+        kept = producer.outbox is not None
+        log.warning("task group not acknowledged by the broker (%s): %s", type(exc).__name__,
+                    "its outbox sends it again" if kept else "dispatching another")
+        return int(kept)
+    return 1
 
 
 class _progress:
