@@ -13,6 +13,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from kafka.errors import (
     CommitFailedError,
     IllegalGenerationError,
     KafkaConnectionError,
+    KafkaError,
     KafkaTimeoutError,
     RebalanceInProgressError,
     TopicAlreadyExistsError,
@@ -182,7 +184,7 @@ class EventProducer:
         self._failed = False
         self.restarts += 1
         # Its unsent batches fail (their futures say so); closing must not block the sender.
-        threading.Thread(target=old.close, kwargs={"timeout": 0}, daemon=True).start()
+        threading.Thread(target=_close_quietly, args=(old,), daemon=True).start()
 
     def flush(self, timeout: float | None = None) -> None:
         self._kafka.flush(timeout=timeout)
@@ -193,6 +195,13 @@ class EventProducer:
         self._kafka.close(timeout=timeout)
         if self.outbox is not None:
             self.outbox.close()
+
+
+def _close_quietly(producer: KafkaProducer) -> None:
+    """Close a failed producer at once: what it still held is failed (and in the outbox, if any), so
+    the library's `KafkaTimeoutError` from its flush says nothing new (it printed a traceback)."""
+    with suppress(KafkaError):
+        producer.close(timeout=0)
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 from kafka.errors import UnknownProducerIdError
 
 import rollout.run as run
-from pipeline.bus import EventProducer, create_topics
+from pipeline.bus import create_topics
 from rollout.dispatcher import task_stream
 from rollout.pool import PoolStats
 from rollout.suites.boxes.suite import BoxesSuite
