@@ -16,7 +16,7 @@ PYTEST_ARGS ?=
 XDIST := -n 2 --dist loadscope --no-loadscope-reorder
 DEMO_ARGS ?=
 
-.PHONY: setup system test test-fast demo bench clean vllm-env
+.PHONY: setup system test test-fast lint demo bench clean vllm-env
 
 setup: system $(VENV)/.installed
 
@@ -47,6 +47,11 @@ test: setup vllm-env
 
 test-fast: setup
 	$(BIN)/python -m pytest -q -ra -m "not slow" $(XDIST) $(PYTEST_ARGS)
+
+# The linter alone (configured in pyproject.toml; both test targets run it too, as tests/test_lint.py);
+# it needs the venv only, not the Debian packages.
+lint: $(VENV)/.installed
+	$(BIN)/ruff check .
 
 demo: setup
 	$(BIN)/awrl demo $(DEMO_ARGS)

@@ -166,7 +166,8 @@ def export_dataset(con: duckdb.DuckDBPyConnection, get_screenshot, run_id: str, 
                             "(--skip-unreadable leaves such steps out)") from None
                     skipped += 1
             table = batch.take(keep).append_column(pa.field("image", IMAGE), pa.array(images, type=IMAGE))
-            table = table.replace_schema_metadata({b"huggingface": json.dumps({"info": {"features": _features(table)}})})
+            table = table.replace_schema_metadata(
+                {b"huggingface": json.dumps({"info": {"features": _features(table)}})})
             path = out / f"steps-{part:05d}.parquet"
             pq.write_table(table, path, compression="zstd")
             written.append(path)

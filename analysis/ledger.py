@@ -118,7 +118,8 @@ def _register_stored(con: duckdb.DuckDBPyConnection, fs: pafs.FileSystem, root: 
     _register_raw(con, f"{SUMMARIZED[1]}_stored", arrow_schema(StepRecorded), fs, root,
                   sorted(set(steps) - set(summarized)))
     con.execute("CREATE VIEW stored_event_ids AS " + " UNION ALL ".join(
-        f"SELECT run_id, '{cls.__name__}' AS event_type, event_id FROM {view}_stored" for view, cls in RAW_VIEWS.items()))
+        f"SELECT run_id, '{cls.__name__}' AS event_type, event_id FROM {view}_stored"
+        for view, cls in RAW_VIEWS.items()))
 
 
 def _register_once(con: duckdb.DuckDBPyConnection) -> None:

@@ -91,7 +91,8 @@ def prompt_ids(tokenizer, processor, suite: BoxesSuite, task) -> tuple[list[int]
 
 def response_text(task, mark: int) -> str:
     """The warm start's response format, clicking `mark`."""
-    return json.dumps({"thought": thought(task), "memory": {"plan step": "0"}, "action": {"kind": "click", "mark": mark}})
+    return json.dumps({"thought": thought(task), "memory": {"plan step": "0"},
+                       "action": {"kind": "click", "mark": mark}})
 
 
 def _mark_distribution(model, tokenizer, processor, suppress, suite: BoxesSuite, task, digits: list[int],

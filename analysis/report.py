@@ -73,7 +73,8 @@ def _fmt(value, percent: bool = False) -> str:
 
 def _markdown(r: DriftReport, plots: list[Path]) -> str:
     rows = [(k, v) for k, v in r.to_dict().items() if not isinstance(v, list) and k != "run_id"]
-    lines = [f"# Run `{r.run_id}`", "", "Metric definitions: `analysis/drift.py`. Paper columns: AsyncWebRL, arXiv 2606.05597.", "",
+    lines = [f"# Run `{r.run_id}`", "",
+             "Metric definitions: `analysis/drift.py`. Paper columns: AsyncWebRL, arXiv 2606.05597.", "",
              "| metric | this run | paper, 1/\\|tau\\| | paper, 1/k |", "|---|---|---|---|"]
     for key, value in rows:
         tau, k = PAPER.get(key, ("", ""))

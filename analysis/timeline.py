@@ -21,7 +21,8 @@ EPISODES = """
     select s.worker_id, epoch(s.emitted_at) as t0, epoch(f.emitted_at) as t1, f.outcome = 'success' as won
     from episode_started s join episode_finished f using (run_id, trajectory_id)
     where s.run_id = $run order by t0"""
-UPDATES = """select epoch(emitted_at) - compute_s as t0, epoch(emitted_at) as t1 from update_applied where run_id = $run"""
+UPDATES = """select epoch(emitted_at) - compute_s as t0, epoch(emitted_at) as t1 from update_applied
+             where run_id = $run"""
 PUBLISHES = """select epoch(emitted_at) - publish_s as t0, epoch(emitted_at) as t1 from policy_version_published
                where run_id = $run"""
 

@@ -1,4 +1,5 @@
-"""`awrl sql | drift | report | lineage | rebatch | replay`: the analysis verbs, added to the main CLI by `register(app)`.
+"""`awrl sql | drift | report | lineage | rebatch | replay`: the analysis verbs, added to the main CLI by
+`register(app)`.
 
 Every verb opens the ledger named by `StackSettings().ledger_uri` (or `--ledger`) through
 `analysis.connect`, i.e. an in-memory DuckDB holding only views, locked down. `sql` additionally
@@ -192,7 +193,8 @@ def lineage(
     try:
         found = find(con, run_id, version)
     except KeyError as exc:
-        raise fail(f"{exc.args[0]} (`awrl sql \"SELECT version FROM policy_versions WHERE run_id = '{run_id}'\"`)") from None
+        raise fail(f"{exc.args[0]} "
+                   f"(`awrl sql \"SELECT version FROM policy_versions WHERE run_id = '{run_id}'\"`)") from None
     finally:
         con.close()
     if format is Format.json:
@@ -243,7 +245,8 @@ def replay(
     run_id: str = typer.Argument(..., help="The training run to replay."),
     variant: str = typer.Option(None, help="A named variant: per_trajectory, 1/k (constant), token, raft, "
                                            "tight-clip, no-dual-clip."),
-    set_: list[str] = typer.Option([], "--set", help="Config override KEY=VALUE (dotted keys, JSON values), repeatable."),
+    set_: list[str] = typer.Option([], "--set",
+                                   help="Config override KEY=VALUE (dotted keys, JSON values), repeatable."),
     updates: str = typer.Option(None, help="Update steps A..B (inclusive), or one step A; default all."),
     out: Path = typer.Option(Path("reports/replay"), help="Directory for replay.md and replay.png."),
     format: Format = FORMAT,  # noqa: A002 - the option's name

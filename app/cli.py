@@ -60,7 +60,8 @@ def _log_level(level: str | None) -> None:
         return
     if not isinstance(logging.getLevelName(level.upper()), int):
         raise ConfigError(f"AWRL_LOG_LEVEL={level!r} is not a log level (DEBUG, INFO, WARNING, ERROR)")
-    logging.basicConfig(level=level.upper(), stream=sys.stderr, format="%(asctime)s %(threadName)s %(name)s %(message)s")
+    logging.basicConfig(level=level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(threadName)s %(name)s %(message)s")
 
 
 def main(argv: list[str] | None = None) -> None:

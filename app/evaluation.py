@@ -14,8 +14,15 @@ from safetensors.torch import load_file
 from pipeline.bus import EventProducer
 from pipeline.hashing import weights_sha256
 from pipeline.settings import StackSettings
-from rollout.evaluate import (Difference, EvalPolicy, InstanceCounts, instance_ids, read_back, read_instances,
-                               run_instances)
+from rollout.evaluate import (
+    Difference,
+    EvalPolicy,
+    InstanceCounts,
+    instance_ids,
+    read_back,
+    read_instances,
+    run_instances,
+)
 from schemas import EvaluationCompleted
 
 if TYPE_CHECKING:

@@ -41,7 +41,6 @@ from schemas.observation import Difficulty, Split, SuiteName
 from trainer.config import AnchorConfig, TrainConfig
 from trainer.sft import SFTConfig, SFTResult, train_sft
 
-
 RL_TRAIN = TrainConfig(run_id="", groups_per_update=2, ppo_epochs=2, lr=1e-4, warmup_updates=2,
                        entropy_coef=1e-3, kl_coef=1.0)
 """RL hyper-parameters of the learning loop (`make demo`): 2 informative groups a version, 2 optimizer
@@ -147,7 +146,8 @@ class LearningConfig:
     """Models, `curve.json` and `curve.png` go to `<out_dir>/<run_id>/`."""
 
     def __post_init__(self) -> None:
-        set_by_run(self.train, "train", run_id=(self.run_id, "--run-id"), temperature=(self.temperature, "--temperature"))
+        set_by_run(self.train, "train", run_id=(self.run_id, "--run-id"),
+                   temperature=(self.temperature, "--temperature"))
         if self.anchor_coef and self.warm_start is not None and not self.warm_start_run:
             raise ValueError("anchor_coef > 0 with a warm_start needs warm_start_run: the run whose "
                              "demonstrations the warm start cloned (`controlled_warm_start`'s run_id)")
@@ -179,10 +179,11 @@ def controlled(run_id: str, out_dir: Path, rl_minutes: float = 10.0, control: st
                seed: int = 0, anchor_coef: float = 0.0, warm_start_run: str | None = None) -> LearningConfig:
     """The controlled learning test on the `boxes` suite (no browser): demonstrations of `named` ("click
     the <colour> box", restated in the thought, the box drawn uniformly) give a warm start at chance on
-    "click the `target` box" (a colour, or `colour`: the one the instruction names), RL from it for `rl_updates` optimizer steps (at most `rl_minutes`), held-out
-    seeds evaluated before and after; with `control="shuffled_rewards"` the same run whose advantages
-    carry no information. `anchor_coef` > 0 adds the SFT anchor on the warm start's demonstrations (those
-    of `warm_start_run`, the `run_id` given to `controlled_warm_start`, when `warm_start` is given)."""
+    "click the `target` box" (a colour, or `colour`: the one the instruction names), RL from it for
+    `rl_updates` optimizer steps (at most `rl_minutes`), held-out seeds evaluated before and after; with
+    `control="shuffled_rewards"` the same run whose advantages carry no information. `anchor_coef` > 0
+    adds the SFT anchor on the warm start's demonstrations (those of `warm_start_run`, the `run_id` given
+    to `controlled_warm_start`, when `warm_start` is given)."""
     return LearningConfig(
         suite="boxes", difficulty=None, templates=(target,), demo_templates=("named",), demo_episodes=300,
         sft_epochs=4, sft_batch_steps=4, rl_minutes=rl_minutes, rl_updates=rl_updates, eval_episodes=96,

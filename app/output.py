@@ -37,7 +37,7 @@ NO = 1
 """Exit code of a result that says no (a replay that is not bit-exact, an unhealthy stack)."""
 
 
-class Format(str, Enum):
+class Format(str, Enum):  # noqa: UP042 - a StrEnum would change str() and format() of its members
     table = "table"
     json = "json"
     csv = "csv"

@@ -54,7 +54,8 @@ def demo(ctx: typer.Context) -> None:
         console.print(f"next: [bold]dagster dev[/] (the run is partition {summary.run_id}), "
                       f"[bold]awrl runs[/], [bold]awrl drift {summary.run_id}[/], "
                       f"[bold]awrl replay {summary.run_id}[/], [bold]awrl stack down[/] when done")
-        console.print(f"see it: [bold]awrl view[/], then {page_url(settings.viewer_url, summary.run_id)}", soft_wrap=True)
+        console.print(f"see it: [bold]awrl view[/], then {page_url(settings.viewer_url, summary.run_id)}",
+                      soft_wrap=True)
     if summary.events_in_ledger == 0:
         raise fail("the run did not reach the ledger", 1)
 
@@ -81,7 +82,8 @@ def run(ctx: typer.Context) -> None:
     emit_record({**vars(summary), "trajectories_per_hour": summary.trajectories_per_hour}, cmd.format,
                 title=f"run {summary.run_id}")
     if cmd.format is Format.table:
-        console.print(f"see it: [bold]awrl view[/], then {page_url(settings.viewer_url, summary.run_id)}", soft_wrap=True)
+        console.print(f"see it: [bold]awrl view[/], then {page_url(settings.viewer_url, summary.run_id)}",
+                      soft_wrap=True)
 
 
 def train(ctx: typer.Context) -> None:

@@ -50,7 +50,7 @@ def runs(ctx: typer.Context, format: Format = FORMAT, ledger: str = LEDGER,  # n
                       f"{page_url(viewer, rows[-1][0])})", soft_wrap=True)
 
 
-class ShowFormat(str, Enum):
+class ShowFormat(str, Enum):  # noqa: UP042 - as app.output.Format: a StrEnum changes str()
     yaml = "yaml"
     json = "json"
 

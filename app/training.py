@@ -231,7 +231,8 @@ def run_training(settings: StackSettings, config: RunConfig, on_progress=None, r
     producer = EventProducer(settings, client_id="run")
     if record:
         record_start(producer, run_id, "run", recorded)
-    watcher = threading.Thread(target=follow, args=(settings, TRAINER, run_id, progress.on_trainer_event, stop, producer),
+    watcher = threading.Thread(target=follow,
+                               args=(settings, TRAINER, run_id, progress.on_trainer_event, stop, producer),
                                daemon=True)
     watcher.start()
     tensorboard = LiveTensorBoard(settings, run_id, config.tensorboard) if config.tensorboard else None
@@ -341,7 +342,8 @@ def _count(progress: RunProgress):
 
     def update(pool) -> None:
         s = pool.stats
-        progress.episodes, progress.successes, progress.steps = base[0] + s.episodes, base[1] + s.successes, base[2] + s.steps
+        progress.episodes, progress.successes, progress.steps = (base[0] + s.episodes, base[1] + s.successes,
+                                                                 base[2] + s.steps)
         progress.busy_s, progress.record_s = base[3] + s.busy_s, base[4] + s.record_s
         progress.pool = s
 

@@ -39,7 +39,8 @@ def _check_free(host: str, port: int) -> None:
         try:
             s.bind((host, port))
         except OSError as exc:
-            why = "is in use (another `awrl view`?)" if exc.errno == errno.EADDRINUSE else f"cannot be bound: {exc.strerror}"
+            why = ("is in use (another `awrl view`?)" if exc.errno == errno.EADDRINUSE
+                   else f"cannot be bound: {exc.strerror}")
             raise fail(f"{host}:{port} {why}; pick another with --port") from None
 
 

@@ -122,7 +122,8 @@ def dead_letters(context: dg.AssetCheckExecutionContext, ledger: Ledger) -> dg.A
     try:
         letters = [d for d in read_dead_letters(ledger.settings()) if d.run_id in (context.partition_key, None)]
     except Exception as exc:  # noqa: BLE001 - an offline ledger: no broker is not a data problem
-        return dg.AssetCheckResult(passed=True, metadata={"checked": False, "why": f"{type(exc).__name__}: {exc}"[:300]})
+        return dg.AssetCheckResult(passed=True,
+                                   metadata={"checked": False, "why": f"{type(exc).__name__}: {exc}"[:300]})
     reasons = Counter(f"{d.source_topic}: {d.reason[:160]}" for d in letters)
     return dg.AssetCheckResult(passed=not letters, severity=dg.AssetCheckSeverity.WARN,
                                metadata={"checked": True, "dead_letters": len(letters),

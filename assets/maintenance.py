@@ -17,7 +17,6 @@ from assets.io import Ledger
 from assets.partitions import runs
 from pipeline.ledger import compact_ledger
 
-
 POOL = "ledger_compaction"
 
 

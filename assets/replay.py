@@ -68,12 +68,14 @@ def replay(context: dg.AssetExecutionContext, config: ReplayConfig, ledger: Ledg
                          on_batch=lambda i, n, _: context.log.info(f"replayed batch {i}/{n}"))
     rows = [{"update_step": s.update_step, "version_before": b.version_before, "exact": b.exact,
              "loss_recorded": u.loss, "loss_replayed": s.loss, "loss_variant": v and v.loss,
-             "grad_norm_recorded": u.grad_norm, "grad_norm_replayed": s.grad_norm, "grad_norm_variant": v and v.grad_norm,
+             "grad_norm_recorded": u.grad_norm, "grad_norm_replayed": s.grad_norm,
+             "grad_norm_variant": v and v.grad_norm,
              "weights_sha256_recorded": u.weights_sha256, "weights_sha256_replayed": s.weights_sha256,
              "stats_replayed": s.stats, "stats_variant": v and v.stats, "kl_recorded_variant": b.kl}
             for b in results for s, u, v in zip(b.same, b.recorded, b.variant or [None] * len(b.same), strict=True)]
     table = pa.Table.from_pylist(rows, schema=SCHEMA)
-    metadata: dict = {"variant": config.variant or "(recorded config only)", "overrides": dg.MetadataValue.json(overrides),
+    metadata: dict = {"variant": config.variant or "(recorded config only)",
+                      "overrides": dg.MetadataValue.json(overrides),
                       "batches": len(results), "batches_exact": sum(b.exact for b in results)}
     if rows:
         losses = {"recorded": [r["loss_recorded"] for r in rows], "replayed": [r["loss_replayed"] for r in rows]}

@@ -50,7 +50,8 @@ def plot_md(title: str, x: list, ys: dict[str, list], xlabel: str, ylim=None) ->
 def view_rows(ledger: Ledger, run: str, view: str, order: str) -> pa.Table:
     """The rows of the view `analysis/sql/<view>.sql` for one run: the table's one definition."""
     with connect(ledger.settings(), run_id=run) as con:
-        return con.sql(f"select * from {view} where run_id = $run order by {order}", params={"run": run}).to_arrow_table()
+        return con.sql(f"select * from {view} where run_id = $run order by {order}",
+                       params={"run": run}).to_arrow_table()
 
 
 def output(table: pa.Table, **metadata) -> dg.Output[pa.Table]:

@@ -27,6 +27,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/tables.py, bench/sharded_trainer.py
 
 import typer
+
 from tables import console, show, write_json
 
 MODES = ("sync", "async")
@@ -100,9 +101,9 @@ def main(size: str = "bench", reps: int = 3, ranks: int = 2,
          worker: list[str] = typer.Option(None, hidden=True)) -> None:
     if worker:
         return _worker(worker[0], int(worker[1]), worker[2])
-    from sharded_trainer import build_model
-
     from pipeline.stack.local import LocalStack
+
+    from sharded_trainer import build_model
 
     with tempfile.TemporaryDirectory() as d:
         with console.status("building the model and starting the stack ..."):

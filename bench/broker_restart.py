@@ -19,12 +19,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # tests/samples.py
 
 import argparse
-from contextlib import suppress
 import statistics
 import tempfile
 import threading
 import time
 import uuid
+from contextlib import suppress
 
 import pyarrow.dataset as ds
 from kafka.errors import KafkaError, KafkaTimeoutError
@@ -74,7 +74,8 @@ def one_restart(tmp: Path, flush_s: float, rate_groups: float, warm_s: float, ou
     time.sleep(0.5)
     fs, root = ledger_filesystem(settings)
     files = list_parquet(fs, root)
-    written = set(ds.dataset(files, format="parquet").to_table(columns=["event_id"]).column(0).to_pylist()) if files else set()
+    written = (set(ds.dataset(files, format="parquet").to_table(columns=["event_id"]).column(0).to_pylist())
+               if files else set())
     lost = [crash - t for i, t in acked.items() if i not in written]
     with suppress(KafkaTimeoutError):  # what the dead broker never acknowledged is abandoned
         producer.close(timeout=0)

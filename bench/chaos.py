@@ -42,12 +42,13 @@ import psutil
 import tenacity
 import typer
 
-from chaos_reconcile import Reconciliation, reconcile
 from pipeline.bus import EventProducer, create_topics
 from pipeline.ledger import read_events, stored_event_ids
 from pipeline.outbox import Outbox
 from pipeline.stack.ceph import s3_healthy
 from pipeline.stack.local import LocalStack
+
+from chaos_reconcile import Reconciliation, reconcile
 
 FAULTS = ("broker", "store_down", "store_full", "pool", "browser", "writer", "trainer")
 REBALANCE = ("writers_churn", "writer_stop")
@@ -119,7 +120,8 @@ class Soak:
         logs = workdir / "logs"
         logs.mkdir(exist_ok=True)
         self.pool = Service("pool", [*awrl, "rollout", "--suite", "sites", "--policy", "demo", "--noise", "0.3",
-                                     "--workers", "4", "--group-size", "2", "--forever", "--run-id", run_id, "--eta", str(ETA),
+                                     "--workers", "4", "--group-size", "2", "--forever", "--run-id", run_id,
+                                     "--eta", str(ETA),
                                      "--groups-per-update", "2", "--difficulty", "easy",
                                      "--journal", str(workdir / "journal")], env, logs / "pool.log")
         self.writers = [Service(f"writer{i}", [*awrl, "ledger", "sync", "--follow"], env, logs / f"writer{i}.log")
@@ -248,7 +250,8 @@ class Soak:
             if now != seen and None not in now:
                 seen, since = now, time.monotonic()
             elif time.monotonic() - since > self.patience_s:
-                self.stalled = f"no finished episode and no version reached the ledger in {self.patience_s:g} s ({what})"
+                self.stalled = (f"no finished episode and no version reached the ledger in {self.patience_s:g} s "
+                                f"({what})")
                 _say(f"         stalled: {self.stalled}")
                 return False
         return True

@@ -163,7 +163,8 @@ def _trained_short(updates: list[dict], completed: dict[str, dict], steps: dict[
     for u in updates:
         groups = [completed[g] for g in u["group_ids"] if g in completed]
         short |= {g["group_id"] for g in groups
-                  if any(not set(range(n)) <= steps.get(t, {}).keys() for t, n in zip(g["trajectory_ids"], g["num_steps"]))}
+                  if any(not set(range(n)) <= steps.get(t, {}).keys()
+                         for t, n in zip(g["trajectory_ids"], g["num_steps"]))}
         tokens = sum(len(s["response_token_ids"]) for t in u["trajectory_ids"] for s in steps.get(t, {}).values())
         if dict(u["stats"]).get("tokens", tokens) < tokens:
             short |= set(u["group_ids"])

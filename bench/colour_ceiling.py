@@ -19,6 +19,7 @@ from pathlib import Path
 
 import typer
 from rich.console import Console
+
 from stack import local_stack
 
 console = Console()

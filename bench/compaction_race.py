@@ -30,6 +30,7 @@ from rich.table import Table
 
 from pipeline.ledger import LedgerWriter
 from pipeline.settings import StackSettings
+
 from samples import sample_group
 
 RUN = "race"
@@ -43,7 +44,8 @@ print(json.dumps({"rows": r.rows, "yielded": getattr(r, "yielded", False)}))
 READ = """
 import json, sys
 from analysis import connect
-print(json.dumps(connect(sys.argv[1]).execute("select count(*), count(distinct event_id) from step_recorded").fetchone()))
+con = connect(sys.argv[1])
+print(json.dumps(con.execute("select count(*), count(distinct event_id) from step_recorded").fetchone()))
 """
 console = Console()
 

@@ -34,6 +34,7 @@ from pathlib import Path
 import typer
 from rich.console import Console
 from rich.table import Table
+
 from stack import local_stack
 
 console = Console()
@@ -45,11 +46,10 @@ def main(targets: str = "red,blue,green,black,colour", seeds: int = 3, first_see
          train: list[str] = typer.Option([], help="KEY=VALUE: a TrainConfig field of the RL stage"),
          anchor_coef: float = 0.0, warm_start_run: str = "warm", probe: bool = False, tag: str = "") -> None:
     from analysis import connect
+    from analysis.curves import compare_versions_png, success_by_version
     from analysis.probe import colour_probe
     from analysis.replay import parse_values, set_fields
-    from app.learning import _published
-    from analysis.curves import compare_versions_png, success_by_version
-    from app.learning import controlled, controlled_warm_start, run_learning
+    from app.learning import _published, controlled, controlled_warm_start, run_learning
     from pipeline.checkpoints import CheckpointStore
     from pipeline.store import ScreenshotStore, remove_bucket
 

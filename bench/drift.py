@@ -89,7 +89,8 @@ def _write(root: Path, cls, table: pa.Table, name: str) -> int:
 
 def _common(n: int, cls, prefix: str, first: int = 0) -> dict:
     """Event ids `<prefix><first>...`: unique across files, as the views read each event id once."""
-    return {"event_id": pc.binary_join_element_wise(prefix, pa.array(np.arange(first, first + n)).cast(pa.string()), ""),
+    return {"event_id": pc.binary_join_element_wise(prefix, pa.array(np.arange(first, first + n)).cast(pa.string()),
+                                                    ""),
             "run_id": _const(RUN, n), "schema_version": _const(1, n, pa.int64()),
             "emitted_at": pa.array((first + np.arange(n, dtype=np.int64)) * 1_000).cast(pa.timestamp("us", tz="UTC")),
             "event_type": _const(cls.__name__, n)}
@@ -184,7 +185,8 @@ def _groups_and_updates(root: Path, rng, tids: pa.Array, success, length, tversi
         "update_step": u, "version_before": int(tversion[a]) + 1 + u % 2, "version_after": int(tversion[a]) + 2 + u % 2,
         "group_ids": [], "trajectory_ids": ids[a:a + PER_UPDATE], "loss": 0.1, "grad_norm": 1.0,
         "stats": {"clip_frac": float(rng.random() * 0.1)}, "config_json": "{}", "weights_sha256": SHA,
-        "duration_s": 1.0, "wait_s": 0.0, "compute_s": 1.0, "world_size": 1} for u, a in enumerate(range(0, len(ids), PER_UPDATE))], schema=arrow_schema(UpdateApplied))
+        "duration_s": 1.0, "wait_s": 0.0, "compute_s": 1.0, "world_size": 1}
+        for u, a in enumerate(range(0, len(ids), PER_UPDATE))], schema=arrow_schema(UpdateApplied))
     return {"GroupCompleted": _write(root, GroupCompleted, gtable, "0"),
             "UpdateApplied": _write(root, UpdateApplied, utable, "0")}
 

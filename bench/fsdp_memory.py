@@ -20,6 +20,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/tables.py
 
 import typer
+
 from tables import console, show, write_json
 
 VOCAB = 151_936
@@ -69,7 +70,8 @@ def main(arch: str = "qwen3-vl-8b", worlds: str = "8,16,64") -> None:
     for r in rows:
         state = r["params_bytes"] + r["grads_bytes"] + r["optimizer_bytes"]
         table.append([str(r["world"]), f"{r['params_bytes'] / gb:.3f}", f"{r['grads_bytes'] / gb:.3f}",
-                      f"{r['optimizer_bytes'] / gb:.3f}", f"{state / gb:.3f}", f"{r['largest_unit_params'] * 2 / gb:.3f}"])
+                      f"{r['optimizer_bytes'] / gb:.3f}", f"{state / gb:.3f}",
+                      f"{r['largest_unit_params'] * 2 / gb:.3f}"])
     show(f"{arch}: {rows[0]['params']:,} parameters, fp32 master weights, rank 0 (the largest slices)", head, table)
     write_json("fsdp_memory", {"arch": arch, "rows": rows})
 

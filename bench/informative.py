@@ -100,7 +100,8 @@ def main(episodes: int = 960, group_size: int = 4, workers: int = 4, seeds: int 
                         patch("rollout.run.make_policy", lambda *a, **k: SkillPolicy(seed)):
                     stats = run_rollout(settings, replace(req, run_id=run_id), show_progress=False)
                 rows.append((name, run_id, stats))
-                console.print(f"{name}: {stats.episodes} episodes, success {stats.successes / max(stats.episodes, 1):.2f}")
+                console.print(f"{name}: {stats.episodes} episodes, "
+                              f"success {stats.successes / max(stats.episodes, 1):.2f}")
             LedgerWriter(settings).sync(idle_exit_s=3.0)
             con = connect(settings)
             results = [(name, stats, informative_groups(con, run_id)) for name, run_id, stats in rows]

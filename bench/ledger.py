@@ -60,7 +60,8 @@ def drain_processes(settings, root: Path, n: int, writers: int) -> dict:
     env = {**os.environ, **settings.environ(), "AWRL_LEDGER_URI": str(root)}
     cmd = [sys.executable, "-m", "app.cli", "ledger", "sync", "--follow"]
     t0 = time.perf_counter()
-    procs = [subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for _ in range(writers)]
+    procs = [subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+             for _ in range(writers)]
     try:
         rows, done_at, first = 0, None, None
         while rows < n and time.perf_counter() - t0 < 600:
@@ -84,12 +85,12 @@ def stages(settings, batch: int = 2_000) -> dict[str, dict[str, float]]:
     Python objects) and the columnar one side by side."""
 
 
+    import gc
+
     from pipeline.bus import _rejection, read_records
     from pipeline.topics import ROLLOUT
     from schemas import StepRecorded, decode_event, events_to_table
     from schemas.columnar import columnar_table, decode_columnar
-
-    import gc
 
     t = time.perf_counter()
     records = read_records(settings, ROLLOUT)
@@ -169,7 +170,8 @@ def main(events: int = 20_000) -> None:
     for name in next(iter(results["stages"].values())):
         stage_table.add_row(name, *[c for path, rates in results["stages"].items()
                                     for c in (f"{rates[name]:,.0f}", f"{(1 / rates[name]) / totals[path]:.0%}")])
-    stage_table.add_row("all stages in sequence (bound)", *[c for t in totals.values() for c in (f"{1 / t:,.0f}", "100%")])
+    stage_table.add_row("all stages in sequence (bound)",
+                        *[c for t in totals.values() for c in (f"{1 / t:,.0f}", "100%")])
     console.print(stage_table)
     out = Path(__file__).parent / "out"
     out.mkdir(exist_ok=True)

@@ -50,9 +50,9 @@ def _files(root: Path) -> tuple[int, int]:
 
 
 def measure(root: Path, repeat: int) -> dict:
-    from drift import RUN
-
     from analysis import connect, drift_metrics
+
+    from drift import RUN
 
     files, size = _files(root)
     con = connect(root)
@@ -66,11 +66,11 @@ def measure(root: Path, repeat: int) -> dict:
 
 
 def main(trajectories: int = 100_000, small_rows: int = 100, repeat: int = 3) -> None:
-    from drift import RUN, generate
-
     from pipeline.compaction import CompactionConfig
     from pipeline.ledger import compact_ledger
     from pipeline.settings import StackSettings
+
+    from drift import RUN, generate
 
     results = {}
     with tempfile.TemporaryDirectory(prefix="ledger-scale-") as tmp:

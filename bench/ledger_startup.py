@@ -99,7 +99,8 @@ def main(sizes: str = "100000,1000000,10000000") -> None:
         table.add_column(col)
     md = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in results:
-        row = [f"{r['events']:,}", r["mode"], f"{r['seconds']:.2f}", f"{r['rss_bytes'] / 2**20:.0f}", f"{r['ids_held']:,}"]
+        row = [f"{r['events']:,}", r["mode"], f"{r['seconds']:.2f}", f"{r['rss_bytes'] / 2**20:.0f}",
+               f"{r['ids_held']:,}"]
         table.add_row(*row)
         md.append("| " + " | ".join(row) + " |")
     console.print(table)

@@ -19,10 +19,11 @@ import tempfile
 import time
 
 import typer
-from samples import sample_step
 
 from pipeline.outbox import Outbox
 from schemas import encode_event
+
+from samples import sample_step
 
 
 def main(events: int = 2000) -> None:

@@ -22,6 +22,7 @@ from pathlib import Path
 import typer
 from rich.console import Console
 from rich.table import Table
+
 from stack import local_stack
 
 console = Console()

@@ -44,8 +44,8 @@ from transformers.utils import logging as hf_logging
 
 from model.policy import ensure_policy, load_policy, save_policy, stored_weights
 from model.push import WeightSender
-from pipeline.hashing import weights_sha256
 from pipeline.checkpoints import CheckpointStore
+from pipeline.hashing import weights_sha256
 from pipeline.stack.local import LocalStack
 from rollout.policy.local import LocalPolicy
 from schemas.observation import Observation

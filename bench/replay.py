@@ -59,7 +59,8 @@ def main(minutes: float = 3.0, nproc: int = 1, policy: str = "demo", model_dir: 
             stack.down()
 
     run_wall = summary.seconds
-    record = {"policy": policy, "suite": suite, "updates": sum(len(b.recorded) for b in results), "batches_exact": exact, "batches": len(results),
+    record = {"policy": policy, "suite": suite, "updates": sum(len(b.recorded) for b in results),
+              "batches_exact": exact, "batches": len(results),
               "run_wall_s": run_wall, "first_to_last_update_s": (last - first).total_seconds(),
               "trainer_compute_s": compute, "replay_s": times,
               "run_wall_over_replay": {k: run_wall / v for k, v in times.items()}}

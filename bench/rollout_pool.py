@@ -55,7 +55,9 @@ def main(workers: str = "1,2,4,8", episodes_per_worker: int = 4, suite: str = "s
                 rows.append({"workers": n, "episodes": stats.episodes, "steps": stats.steps,
                              "success": stats.successes / max(stats.episodes, 1),
                              "steps_per_s": stats.steps_per_s, "rebuild_s": rebuild,
-                             "dedup_rate": stats.screenshot_dedup_hits / max(1, stats.screenshot_dedup_hits + stats.screenshots_uploaded), "pss_mb_per_browser": rss})
+                             "dedup_rate": (stats.screenshot_dedup_hits
+                                            / max(1, stats.screenshot_dedup_hits + stats.screenshots_uploaded)),
+                             "pss_mb_per_browser": rss})
                 console.print(rows[-1])
         finally:
             stack.down()
@@ -66,7 +68,8 @@ def main(workers: str = "1,2,4,8", episodes_per_worker: int = 4, suite: str = "s
         table.add_column(col, justify="right")
     for r in rows:
         table.add_row(str(r["workers"]), f"{r['steps_per_s']:.2f}", f"{r['steps_per_s'] / base:.2f}x",
-                      f"{r['success']:.2f}", f"{r['dedup_rate']:.2f}", f"{r['rebuild_s']:.2f}", f"{r['pss_mb_per_browser']:.0f}")
+                      f"{r['success']:.2f}", f"{r['dedup_rate']:.2f}", f"{r['rebuild_s']:.2f}",
+                      f"{r['pss_mb_per_browser']:.0f}")
     console.print(table)
     out = Path(__file__).parent / "out"
     out.mkdir(exist_ok=True)

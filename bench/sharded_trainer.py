@@ -15,7 +15,8 @@ weights. `--size bench` widens the tiny VLM's text model (hidden 512, 8 layers) 
 
 Per rank and update: wall time (median of `reps`, after a warm-up), peak resident memory (the Linux
 high-water mark, reset before each update; allocations above 64 KiB are mmap'd so that freed tensors
-leave the resident set), and the exact bytes of parameters, gradients and optimizer state the rank holds. Writes bench/out/sharded_trainer.json.
+leave the resident set), and the exact bytes of parameters, gradients and optimizer state the rank holds.
+Writes bench/out/sharded_trainer.json.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ import time
 from dataclasses import asdict
 
 import typer
+
 from tables import console, show, write_json
 
 SIZES = {"tiny": {}, "bench": dict(hidden_size=512, intermediate_size=1536, num_hidden_layers=8, num_attention_heads=8,
@@ -156,10 +158,10 @@ def main(groups: int = 2, reps: int = 2, size: str = "bench",
          mmap_threshold: bool = typer.Option(True, help="mmap every allocation above 64 KiB (glibc), so the peak "
                                                         "RSS follows live tensors; off: glibc's default heap, "
                                                         "for timing")) -> None:
-    from update import record_batch
-
     from pipeline.stack.local import LocalStack
     from pipeline.store import ScreenshotStore
+
+    from update import record_batch
 
     runs = [(mode, n) for n in (1, 2) for mode in modes.split(",")]
     results = {}

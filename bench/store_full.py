@@ -16,6 +16,7 @@ import time
 
 import typer
 from rich.console import Console
+
 from stack import local_stack
 
 console = Console()

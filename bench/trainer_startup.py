@@ -27,6 +27,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/tables.py
 
 import typer
+
 from tables import console, show, write_json
 
 MODES = ("whole-then-shard", "meta-then-rows")
@@ -96,7 +97,8 @@ def worker(model_dir: str, mode: str, out_path: str) -> None:
     gathered = [None] * world if rank == 0 else None
     dist.gather_object(mine, gathered, dst=0)
     if rank == 0:
-        Path(out_path).write_text(json.dumps({"ranks": gathered, "digest": combined_sha256([g["digest"] for g in gathered])}))
+        Path(out_path).write_text(json.dumps({"ranks": gathered,
+                                              "digest": combined_sha256([g["digest"] for g in gathered])}))
     dist.destroy_process_group()
 
 
@@ -141,7 +143,8 @@ def report(results: dict, params: int, narrow: int, stored: str) -> None:
         table.append([mode, n, *(f"{worst(k, name) / mib:.0f}" for k in ("peak_over_start", "anon_peak", "file_peak",
                                                                             "held_after")),
                       f"{worst('seconds', name):.1f}",
-                      f"{worst('anon_peak', name) / worst('anon_peak', f'{MODES[0]} x{n}'):.2f}x", result["digest"][:12]])
+                      f"{worst('anon_peak', name) / worst('anon_peak', f'{MODES[0]} x{n}'):.2f}x",
+                      result["digest"][:12]])
     show(f"Qwen3-VL-2B architecture / {narrow} ({params / 1e6:.1f}M parameters, {params * 4 / mib:.0f} MiB in fp32), "
          f"stored in {stored}", head, table)
     write_json("trainer_startup", {"params": params, "narrow": narrow, "stored": stored, **results})

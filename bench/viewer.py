@@ -26,11 +26,12 @@ import typer
 import uvicorn
 from rich.console import Console
 from rich.table import Table
-from samples import write_viewable_run
 
 from analysis.ledger import connect
 from app.viewer import make_app
 from pipeline.stack.local import LocalStack
+
+from samples import write_viewable_run
 
 RUN = "bench-view"
 

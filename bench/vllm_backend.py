@@ -180,7 +180,8 @@ def _report(results: dict) -> None:
     ratios = [v / lo for v, lo in zip(vllm, local)]
     console.print(f"rollout steps/s  local {local}  vllm {vllm}  vllm/local per round {[f'{x:.2f}' for x in ratios]}")
     for backend, lat in results["refresh"].items():
-        console.print(f"refresh {backend}: median {statistics.median(lat):.2f} s  min {min(lat):.2f}  max {max(lat):.2f}")
+        console.print(f"refresh {backend}: median {statistics.median(lat):.2f} s  "
+                      f"min {min(lat):.2f}  max {max(lat):.2f}")
     console.print(f"log-prob gap: {results['logprob_gap']}")
     console.print(f"startup: {results['startup']}")
     OUT.mkdir(exist_ok=True)

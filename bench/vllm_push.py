@@ -94,7 +94,8 @@ def main(model_dir: Path = typer.Option(...), reps: int = 3, port: int = 8011, n
         result = {"params": params, "gpu": torch.cuda.get_device_name(), "rows": rows}
         for path, rs in rows.items():
             print(f"{path}: loaded {statistics.median(r['loaded_s'] for r in rs):.3f} s, first action "
-                  f"{statistics.median(r['to_action_s'] for r in rs):.3f} s (median of {reps}, {params / 1e9:.2f}B bf16)")
+                  f"{statistics.median(r['to_action_s'] for r in rs):.3f} s "
+                  f"(median of {reps}, {params / 1e9:.2f}B bf16)")
         push, store = (statistics.median(r["to_action_s"] for r in rows[p]) for p in ("push", "store"))
         print(f"publish to first action, push / store: {push / store:.2f}x")
         if os.environ.get("OUT"):

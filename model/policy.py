@@ -144,7 +144,8 @@ def _copy_rows(model: torch.nn.Module, model_dir, files: dict, handles: dict) ->
         start = _row_offset(param, target) if target.shape != param.shape else 0
         stored = handles[files[name]].get_slice(name)
         if tuple(stored.get_shape()) != tuple(param.shape):
-            raise PolicyLoadError(f"{model_dir}: {name} is {stored.get_shape()} on disk, {list(param.shape)} in the config")
+            raise PolicyLoadError(f"{model_dir}: {name} is {stored.get_shape()} on disk, "
+                                  f"{list(param.shape)} in the config")
         target.copy_(stored[start:start + target.shape[0]].to(target.dtype))
 
 

@@ -392,7 +392,8 @@ class EventConsumer:
             if offsets is None:
                 self._kafka.commit()
             else:
-                self._kafka.commit({TopicPartition(t, p): OffsetAndMetadata(o, "", -1) for (t, p), o in offsets.items()})
+                self._kafka.commit({TopicPartition(t, p): OffsetAndMetadata(o, "", -1)
+                                    for (t, p), o in offsets.items()})
         except (CommitFailedError, RebalanceInProgressError, IllegalGenerationError, UnknownMemberIdError,
                 KafkaConnectionError, KafkaTimeoutError):
             # kafka-python 3 raises the broker's own error when a rebalance starts mid-commit (a second

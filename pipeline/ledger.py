@@ -369,7 +369,8 @@ class LedgerWriter:
         known = self.lookup.known([d.event for d in batch], self.memory.since)
         entries: dict[tuple[str, int], list[str]] = defaultdict(list)
         for source, end in sorted(ends.items()):
-            placed: Placed = self.chains.place(source, by_source.get(source, []), first.get(source), end, cluster, known)
+            placed: Placed = self.chains.place(source, by_source.get(source, []), first.get(source), end, cluster,
+                                               known)
             entries[source] += placed.entries
             self.stats.duplicates += placed.duplicates
             self.receipts.add(placed.ids)

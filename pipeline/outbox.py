@@ -99,7 +99,8 @@ class Outbox:
     def pending(self) -> list[Pending]:
         """Every event not yet confirmed, oldest first."""
         with self._lock:
-            found = self._db.execute("SELECT event_id, topic, key, value, headers FROM pending ORDER BY added").fetchall()
+            found = self._db.execute(
+                "SELECT event_id, topic, key, value, headers FROM pending ORDER BY added").fetchall()
         return [Pending(i, t, k, v, [(n, bytes.fromhex(h)) for n, h in json.loads(hs)]) for i, t, k, v, hs in found]
 
     def ids(self) -> set[str]:

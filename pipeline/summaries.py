@@ -26,8 +26,8 @@ def with_summaries(event_type: str, table: pa.Table) -> pa.Table:
     versions = table.column("token_policy_versions").combine_chunks()
     n = len(versions)
     counts = pc.list_value_length(versions).fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
-    stats = pa.table({"row": pc.list_parent_indices(versions), "v": pc.list_flatten(versions)}).group_by("row").aggregate(
-        [("v", "min"), ("v", "max"), ("v", "sum")])
+    stats = pa.table({"row": pc.list_parent_indices(versions), "v": pc.list_flatten(versions)}).group_by(
+        "row").aggregate([("v", "min"), ("v", "max"), ("v", "sum")])
     rows = stats.column("row").to_numpy()
     has = np.zeros(n, dtype=bool)
     has[rows] = True

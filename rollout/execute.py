@@ -36,7 +36,8 @@ _FOCUSED_JS = """
 () => { const el = document.activeElement;
   if (!el || el === document.body) return null;
   const editable = ['INPUT', 'TEXTAREA', 'SELECT'].includes(el.tagName) || el.isContentEditable;
-  const name = el.getAttribute('name') || el.getAttribute('aria-label') || el.getAttribute('placeholder') || el.id || '';
+  const name = el.getAttribute('name') || el.getAttribute('aria-label') || el.getAttribute('placeholder')
+               || el.id || '';
   return editable ? "input '" + name + "'" : null; }
 """
 

@@ -21,8 +21,8 @@ from pathlib import Path
 from playwright.async_api import async_playwright
 
 from pipeline.bus import EventConsumer, EventProducer
-from pipeline.history import follow_run
 from pipeline.hashing import sha256_hex
+from pipeline.history import follow_run
 from pipeline.settings import StackSettings
 from pipeline.store import ScreenshotStore
 from pipeline.topics import TASKS, TRAINER
@@ -253,7 +253,8 @@ class RolloutPool:
         try:
             await asyncio.to_thread(lambda: [f.get(timeout=60) for f in acks])
         except Exception as exc:  # part of it never reached the log: run the whole group again
-            log.warning("group %s not acknowledged by the broker (%s); running it again", d.group_id, type(exc).__name__)
+            log.warning("group %s not acknowledged by the broker (%s); running it again", d.group_id,
+                        type(exc).__name__)
             self.stats.groups_rerun += 1
             group.results, group.acks, group.versions = [], [], set()
             for _ in range(d.group_size):

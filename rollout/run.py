@@ -99,7 +99,8 @@ def _vllm_policy(url: str | None, model: str | None, seed: int, checkpoints, tem
         raise ValueError("--policy vllm needs a server: --vllm-url, AWRL_VLLM_URL, or `awrl stack up --vllm MODEL_DIR`")
     # The server loads the directory the pool fetched: they must share a filesystem.
     fetch = (lambda uri: str(checkpoints.download(uri))) if checkpoints is not None else None
-    policy = VLLMPolicy(url, model or "policy", seed=seed, temperature=temperature, **({"fetch": fetch} if fetch else {}))
+    policy = VLLMPolicy(url, model or "policy", seed=seed, temperature=temperature,
+                        **({"fetch": fetch} if fetch else {}))
     policy.suppress_token_ids = policy.server_token_ids([t for t in SPECIAL_TOKENS if t not in STOP_TOKENS])
     return policy
 

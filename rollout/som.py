@@ -45,7 +45,8 @@ _COLLECT_JS = """
     if (st.visibility === 'hidden' || st.display === 'none' || st.opacity === '0') continue;
     const top = document.elementFromPoint(Math.min(r.left + r.width / 2, innerWidth - 1),
                                           Math.min(r.top + r.height / 2, innerHeight - 1));
-    if (top && !(el === top || el.contains(top) || top.contains(el) || (el.labels && [...el.labels].includes(top)))) continue;
+    if (top && !(el === top || el.contains(top) || top.contains(el)
+                 || (el.labels && [...el.labels].includes(top)))) continue;
     const id = out.length;
     el.setAttribute(attr, String(id));
     out.push({id, role: roleOf(el), name: nameOf(el), x: Math.round(r.left), y: Math.round(r.top),

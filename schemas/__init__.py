@@ -26,7 +26,8 @@ from schemas.events import (
 )
 
 __all__ = [
-    "Action", "BY_NAME", "EVENT_TYPES", "SCHEMA_VERSION", "EpisodeFinished", "EpisodeStarted", "EvaluationCompleted", "Event",
-    "GroupCompleted", "GroupDropped", "PolicyVersionLoaded", "PolicyVersionPublished", "RankMemory", "RunStarted", "StepMark", "StepRecorded", "StepTimings", "TaskGroupDispatched",
-    "UpdateApplied", "arrow_schema", "decode_event", "encode_event", "events_to_table", "table_to_events",
+    "Action", "BY_NAME", "EVENT_TYPES", "SCHEMA_VERSION", "EpisodeFinished", "EpisodeStarted", "EvaluationCompleted",
+    "Event", "GroupCompleted", "GroupDropped", "PolicyVersionLoaded", "PolicyVersionPublished", "RankMemory",
+    "RunStarted", "StepMark", "StepRecorded", "StepTimings", "TaskGroupDispatched", "UpdateApplied",
+    "arrow_schema", "decode_event", "encode_event", "events_to_table", "table_to_events",
 ]

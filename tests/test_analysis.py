@@ -313,8 +313,8 @@ def test_cli_sql_formats_and_a_wide_result_is_shown_whole(cli, ledger):
 
 
 def test_cli_sql_drift_and_report(cli, ledger, tmp_path):
-    res = cli("sql", "SELECT trajectory_id, outcome FROM trajectories WHERE run_id = 'r1' ORDER BY 1", "--format", "json",
-              "--ledger", ledger)
+    res = cli("sql", "SELECT trajectory_id, outcome FROM trajectories WHERE run_id = 'r1' ORDER BY 1",
+              "--format", "json", "--ledger", ledger)
     assert res.exit_code == 0, res.output
     assert [r["outcome"] for r in json.loads(res.output)] == ["success", "failure", "failure", "env_error"]
     assert cli("sql", "SELECT * FROM steps", "--limit", "3", "--ledger", ledger).exit_code == 0
@@ -449,8 +449,9 @@ def test_lineage_lists_exactly_the_updates_recorded_for_a_version(tmp_path, cli)
         events += trajectory(run, tid, f"g{tid}", KETTLE, [(["k"], [pv], pv), (["k"], [pv], pv)], outcome)
     ups = [update(run, 0, 0, ["A", "B"], {}), update(run, 1, 1, ["C"], {}), update(run, 2, 2, ["D"], {})]
     versions = [PolicyVersionPublished(run_id=run, version=0, checkpoint_uri="s3://b/v0", checkpoint_sha256=SHA)]
-    versions += [PolicyVersionPublished(run_id=run, version=u.version_after, checkpoint_uri=f"s3://b/v{u.version_after}",
-                                        checkpoint_sha256=SHA, update_step=u.update_step, parent_version=u.version_before,
+    versions += [PolicyVersionPublished(run_id=run, version=u.version_after,
+                                        checkpoint_uri=f"s3://b/v{u.version_after}", checkpoint_sha256=SHA,
+                                        update_step=u.update_step, parent_version=u.version_before,
                                         update_ids=[u.event_id]) for u in ups]
     write_ledger(tmp_path / "ledger", events + ups + versions)
     con = connect(tmp_path / "ledger")
@@ -494,7 +495,8 @@ def test_rebatch_judges_every_completed_group_by_the_trainers_filters(tmp_path, 
         for tid in tids:
             events += trajectory(run, tid, gid, KETTLE, [(["k"], [oldest], oldest)])
         events.append(GroupCompleted(run_id=run, group_id=gid, task_id=gid, trajectory_ids=tids, rewards=rewards,
-                                     num_steps=[1] * len(tids), outcomes=["success" if r else "failure" for r in rewards],
+                                     num_steps=[1] * len(tids),
+                                     outcomes=["success" if r else "failure" for r in rewards],
                                      min_policy_version=oldest, max_policy_version=oldest, **at(t)))
     events += [update(run, 0, 0, ["a0", "a1"], {}).model_copy(update={"group_ids": ["a"]}),
                GroupDropped(run_id=run, group_id="e", task_id="e", reason="uninformative", trainer_version=3,

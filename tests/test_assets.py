@@ -136,8 +136,10 @@ def test_assets_materialize_with_row_counts(run):
         png = result.asset_materializations_for_node(asset)[0].metadata[plot].value
         assert "](data:image/png;base64," in png, asset
     # links into the trajectory viewer (`awrl view`), where the rows can be looked at one by one
-    links = {a: result.asset_materializations_for_node(a)[0].metadata["viewer"].value for a in ("trajectories", "updates")}
-    assert links == {"trajectories": f"http://127.0.0.1:8765/runs/{RUN}", "updates": f"http://127.0.0.1:8765/runs/{RUN}/updates/0"}
+    links = {a: result.asset_materializations_for_node(a)[0].metadata["viewer"].value
+             for a in ("trajectories", "updates")}
+    assert links == {"trajectories": f"http://127.0.0.1:8765/runs/{RUN}",
+                     "updates": f"http://127.0.0.1:8765/runs/{RUN}/updates/0"}
 
 
 def test_every_check_passes_on_a_sound_run(run):
@@ -261,7 +263,8 @@ def test_replay_of_a_run_without_stored_checkpoints_says_why(tmp_path):
                             resources={"ledger": ledger, "io_manager": ParquetIOManager(ledger=ledger)})
     (event,) = result.get_asset_materialization_events()
     why = event.materialization.metadata["not_replayed"].value
-    assert ("object store" in why or "S3 credentials" in why) and event.materialization.metadata["dagster/row_count"].value == 0
+    assert ("object store" in why or "S3 credentials" in why) and (
+        event.materialization.metadata["dagster/row_count"].value == 0)
     (check,) = result.get_asset_check_evaluations()
     assert check.passed is False and check.severity == dg.AssetCheckSeverity.WARN
 

@@ -23,7 +23,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 
-from chaos import FAULTS, soak  # noqa: E402
+from chaos import FAULTS, soak
 
 CI_SEED = 413277804
 """Broker, store down and full, pool, trainer, writer twice, browser twice: every row of the matrix."""

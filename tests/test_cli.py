@@ -251,7 +251,8 @@ def test_no_broker_is_a_users_mistake_and_other_kafka_timeouts_stay_bugs():
 
 
 def test_an_unreachable_store_is_one_line_too(tmp_path):
-    env = {"PATH": "/usr/bin:/bin", "AWRL_S3_ACCESS_KEY": "unused", "AWRL_S3_SECRET_KEY": "unused", "AWRL_S3_ENDPOINT": "127.0.0.1:1"}
+    env = {"PATH": "/usr/bin:/bin", "AWRL_S3_ACCESS_KEY": "unused", "AWRL_S3_SECRET_KEY": "unused",
+           "AWRL_S3_ENDPOINT": "127.0.0.1:1"}
     out = subprocess.run([sys.executable, "-m", "app.cli", "sql", "SELECT 1"], cwd=tmp_path, env=env,
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
@@ -265,8 +266,9 @@ def test_machine_output_is_never_wrapped_and_figures_are_rounded_for_people(ledg
     env = {"PATH": "/usr/bin:/bin", "COLUMNS": "40"}
     for fmt, check in (("json", lambda o: json.loads(o)[0]["t"] == long), ("csv", lambda o: o == f"t\n{long}\n"),
                        ("markdown", lambda o: o.splitlines()[2] == f"| {long} |")):
-        out = subprocess.run([sys.executable, "-m", "app.cli", "sql", f"SELECT repeat('x', 300) AS t", "--format", fmt,
-                              "--ledger", str(ledger)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+        out = subprocess.run([sys.executable, "-m", "app.cli", "sql", "SELECT repeat('x', 300) AS t", "--format", fmt,
+                              "--ledger", str(ledger)], cwd=tmp_path, env=env, capture_output=True, text=True,
+                             timeout=120)
         assert out.returncode == 0 and check(out.stdout), (fmt, out.stdout, out.stderr)
     assert (human(2872.737), human(0.12345), human(12.3456), human(1234567), human(None)) == (
         "2,873", "0.123", "12.35", "1,234,567", "-")

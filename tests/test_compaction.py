@@ -23,8 +23,16 @@ import pyarrow.parquet as pq
 import pytest
 
 from analysis.ledger import connect
-from pipeline.compaction import (SAFE, CompactionConfig, Safeguards, compact_run, compaction_steps, manifest_rule, run,
-                                 view_steps)
+from pipeline.compaction import (
+    SAFE,
+    CompactionConfig,
+    Safeguards,
+    compact_run,
+    compaction_steps,
+    manifest_rule,
+    run,
+    view_steps,
+)
 from pipeline.files import write_atomic
 from pipeline.journal import ClaimedFile, Journal
 from pipeline.ledger import compact_ledger, ledger_filesystem, list_parquet

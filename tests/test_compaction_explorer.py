@@ -162,7 +162,7 @@ def _explore(seed: int, safeguards: Safeguards = SAFE, stats: Stats | None = Non
                     world.check(run(view_steps(world.fs, DIRECTORY)), "an instant reader")
             world.check(run(view_steps(world.fs, DIRECTORY)), "an instant reader")
     except Violation as v:
-        raise Violation(f"seed {seed} ({safeguards}): {v}; replay: _explore({seed}, {safeguards!r}, trace=True)")
+        raise Violation(f"seed {seed} ({safeguards}): {v}; replay: _explore({seed}, {safeguards!r}, trace=True)") from v
     stats.schedules += 1
 
 

@@ -48,7 +48,7 @@ def model(env_file: Path = ENV_EXAMPLE, profiles: tuple[str, ...] = ALL_PROFILES
 
 def _env_with(tmp_path: Path, **overrides: str) -> Path:
     lines = ENV_EXAMPLE.read_text().splitlines()
-    lines = [l for l in lines if l.partition("=")[0] not in overrides]
+    lines = [line for line in lines if line.partition("=")[0] not in overrides]
     env = tmp_path / ".env"
     env.write_text("\n".join(lines + [f"{k}={v}" for k, v in overrides.items()]) + "\n")
     return env
@@ -68,7 +68,7 @@ def test_compose_file_is_valid(profiles):
 def test_missing_secret_is_refused(tmp_path):
     env = tmp_path / ".env"
     lines = ENV_EXAMPLE.read_text().splitlines()
-    env.write_text("\n".join(l for l in lines if not l.startswith("AWRL_S3_SECRET_KEY=")))
+    env.write_text("\n".join(line for line in lines if not line.startswith("AWRL_S3_SECRET_KEY=")))
     result = config(env)
     assert result.returncode != 0 and "AWRL_S3_SECRET_KEY" in result.stderr
 
@@ -254,7 +254,7 @@ def test_every_compose_variable_is_documented():
     lines = ENV_EXAMPLE.read_text().splitlines()
     problems = []
     for name in sorted(names):
-        at = [i for i, l in enumerate(lines) if l.startswith(f"{name}=")]
+        at = [i for i, line in enumerate(lines) if line.startswith(f"{name}=")]
         if not at:
             problems.append(f"{name}: not in .env.example")
         elif at[0] == 0 or not lines[at[0] - 1].startswith("#") or len(lines[at[0] - 1].strip("# ")) < 10:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import uuid
 from collections import Counter
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pyarrow.parquet as pq
 
@@ -115,7 +115,8 @@ def test_a_skip_runs_out_after_its_passes_and_an_all_equal_retry_skips_again():
 def test_a_closed_family_comes_back_and_all_skipped_falls_back_to_every_instance():
     red_any = [t for t in TASKS_ if t.template in ("red", "any")]
     # low = 0: red's failures keep it in band, so only its skips keep it out
-    curriculum = Curriculum(red_any, CurriculumConfig(low=0.0, explore=0.0, skip_uninformative=1, skip_passes=2), seed=6)
+    curriculum = Curriculum(red_any, CurriculumConfig(low=0.0, explore=0.0, skip_uninformative=1, skip_passes=2),
+                            seed=6)
     for seed in range(5):
         curriculum.record_group(f"boxes-red-{seed}", [0.0, 0.0])
     # every red instance skipped: red is not drawn; its clock moves 1 a draw (one open family), so its
@@ -153,11 +154,12 @@ def test_instance_skips_are_deterministic_under_the_seed_and_off_by_default():
 def test_the_ledger_gives_the_share_of_informative_groups_and_their_rate(tmp_path):
     """One dispatch at t0, four groups completed by t0 + 2 min, one with unequal rewards: a share of
     1/4 and 1 / 2 min = 0.5 informative groups a minute. Another run's group is not counted."""
-    t0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    t0 = datetime(2026, 1, 1, tzinfo=UTC)
     events = [TaskGroupDispatched(run_id="r", group_id="g0", task_id="boxes-red-0", suite="boxes", seed=0,
                                   group_size=2, horizon=1, dispatched_at_version=0, emitted_at=t0)]
     for i, rewards in enumerate([[1.0, 1.0], [0.0, 0.0], [1.0, 0.0], [0.0, 0.0]]):
-        events.append(_group("boxes-red-0", rewards).model_copy(update={"emitted_at": t0 + timedelta(seconds=30 * (i + 1))}))
+        events.append(_group("boxes-red-0", rewards).model_copy(
+            update={"emitted_at": t0 + timedelta(seconds=30 * (i + 1))}))
     events.append(_group("boxes-red-1", [1.0, 0.0]).model_copy(update={"run_id": "other"}))
     for (run, kind), batch in _by(events, lambda e: (e.run_id, type(e).__name__)).items():
         directory = tmp_path / f"run_id={run}" / f"event_type={kind}"
@@ -184,7 +186,8 @@ def test_a_run_is_seeded_from_the_ledger_and_dispatches_in_band_families_only(se
     producer.publish_all([
         EpisodeFinished(run_id=prior, trajectory_id=f"t{i}", group_id=f"g{i}", task_id=task_id, num_steps=1,
                         outcome="success" if reward else "failure", reward=reward, reason="judged")
-        for i, (task_id, reward) in enumerate([("boxes-any-1", 1.0)] * 8 + [("boxes-red-1", 1.0), ("boxes-red-2", 0.0)] * 4)
+        for i, (task_id, reward) in enumerate([("boxes-any-1", 1.0)] * 8
+                                              + [("boxes-red-1", 1.0), ("boxes-red-2", 0.0)] * 4)
     ])
     producer.close()
     LedgerWriter(settings).sync(idle_exit_s=2.0)

@@ -20,6 +20,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+
 from test_assets import ASSETS, RUN, write_sample_run
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(720)]
@@ -55,7 +56,8 @@ def _wait(what: str, check, timeout: float, every: float = 2.0):
 def dagster_dev_server(tmp_path: Path, env: dict[str, str]):
     """`dagster dev -m assets` on a free port, with `env` (the ledger and stack settings, `AWRL_*`);
     yields its URL. Run outside the checkout: `dagster dev` loads a `./.env` over its environment, and
-    the checkout may hold one (`awrl stack up` writes it), naming another stack. Stopped with SIGINT (it ignores SIGTERM), then its process group killed."""
+    the checkout may hold one (`awrl stack up` writes it), naming another stack. Stopped with SIGINT (it
+    ignores SIGTERM), then its process group killed."""
     home = tmp_path / "home"
     home.mkdir()
     (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
@@ -133,7 +135,7 @@ start): on a loaded 2-core machine that took more than 90 s once."""
 
 def wait_for_partitions(base: str, asset: str) -> list[str]:
     """The partitions of `asset`, once the sensor has added at least one."""
-    query = '{ assetNodeOrError(assetKey: {path: ["%s"]}) { ... on AssetNode { partitionKeys } } }' % asset
+    query = '{ assetNodeOrError(assetKey: {path: ["%s"]}) { ... on AssetNode { partitionKeys } } }' % asset  # noqa: UP031 - GraphQL: an f-string doubles every brace
     t0 = time.monotonic()
     keys = _wait("the sensor to add the run partition",
                  lambda: _graphql(base, query)["assetNodeOrError"]["partitionKeys"], timeout=SENSOR_WAIT_S)

@@ -14,8 +14,6 @@ import subprocess
 import time
 import uuid
 
-from test_train_resume import publish_groups, published, trainer_events
-
 from pipeline.bus import EventProducer, read_log
 from pipeline.ledger import LedgerWriter
 from pipeline.store import ScreenshotStore
@@ -27,6 +25,7 @@ from trainer.launch import torchrun_command
 
 from faults import account, log_ids
 from samples import sample_group
+from test_train_resume import publish_groups, published, trainer_events
 
 
 def corrupt_one_screenshot(settings, run_id: str, group_id: str) -> str:

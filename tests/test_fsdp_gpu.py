@@ -7,10 +7,11 @@ import math
 
 import pytest
 import torch
-from test_trainer import _batch, _torchrun_steps
 
 from trainer.config import TrainConfig
 from trainer.update import flatten
+
+from test_trainer import _batch, _torchrun_steps
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -41,11 +42,11 @@ def test_awrl_train_takes_a_bf16_update_of_the_full_qwen3_vl_2b_architecture(set
     import sys
     import uuid
 
-    from test_train_resume import publish_groups, published, trainer_events
-
     from model.architectures import make_policy
     from model.policy import save_policy
     from schemas import UpdateApplied
+
+    from test_train_resume import publish_groups, published, trainer_events
 
     model, tokenizer = make_policy("qwen3-vl-2b", seed=3)
     model_dir = save_policy(model, tokenizer, tmp_path / "qwen3-vl-2b")
@@ -64,5 +65,6 @@ def test_awrl_train_takes_a_bf16_update_of_the_full_qwen3_vl_2b_architecture(set
     assert len(update.memory) == gpus and all(m.device == "cuda" and m.peak_bytes > 0 for m in update.memory)
     for m in update.memory:
         print(f"\n2B bf16 update, rank {m.rank}/{gpus}: params {m.params_bytes / 2**30:.2f} GiB, grads "
-              f"{m.grads_bytes / 2**30:.2f}, optimizer {m.optimizer_bytes / 2**30:.2f}, peak {m.peak_bytes / 2**30:.2f} GiB; "
+              f"{m.grads_bytes / 2**30:.2f}, optimizer {m.optimizer_bytes / 2**30:.2f}, "
+              f"peak {m.peak_bytes / 2**30:.2f} GiB; "
               f"update {update.compute_s:.1f} s")

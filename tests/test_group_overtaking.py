@@ -12,7 +12,6 @@ import uuid
 from pathlib import Path
 
 import pytest
-from test_train_resume import trainer_events
 
 from pipeline.bus import EventProducer
 from pipeline.hashing import sha256_hex
@@ -22,6 +21,7 @@ from trainer.batch import BatchBuilder, GroupAssembler, _Pending
 from trainer.config import TrainConfig
 
 from samples import render_page, sample_group
+from test_train_resume import trainer_events
 
 SHA = "ab" * 32
 

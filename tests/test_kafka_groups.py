@@ -47,7 +47,8 @@ class RawGroup:
         return response.member_id
 
     def sync(self, generation: int, member_id: str, leader: bool):
-        assignments = [SyncGroupRequest.SyncGroupRequestAssignment(member_id=member_id, assignment=b"a")] if leader else []
+        assignments = ([SyncGroupRequest.SyncGroupRequestAssignment(member_id=member_id, assignment=b"a")]
+                       if leader else [])
         return self.send(SyncGroupRequest(group_id=self.group, generation_id=generation, member_id=member_id,
                                           group_instance_id=None, protocol_type="consumer", protocol_name="range",
                                           assignments=assignments, max_version=5))

@@ -66,8 +66,8 @@ def learned(module_settings, boxes_warm_start, tmp_path_factory):
     # half its updates (the least a fair control may have): the pair costs what the 3-minute pair did.
     # No sharpening baselines: the bounds below are on RL - SFT, and each baseline costs an evaluation
     real = run_learning(settings, replace(controlled(f"ctl-{uuid.uuid4().hex[:6]}", out, warm_start=boxes_warm_start,
-                                                     target=TARGET, seed=SEED, rl_minutes=CAP_MINUTES), rl_eval_points=1,
-                                        eval_episodes=EVAL_EPISODES, sharpening=()))
+                                                     target=TARGET, seed=SEED, rl_minutes=CAP_MINUTES),
+                                          rl_eval_points=1, eval_episodes=EVAL_EPISODES, sharpening=()))
     control = run_learning(settings, replace(
         controlled(f"{real.run_id}-shuffled", out, control="shuffled_rewards", warm_start=boxes_warm_start,
                    target=TARGET, seed=SEED, rl_updates=CONTROLLED_UPDATES // 2, rl_minutes=CAP_MINUTES),

@@ -262,7 +262,8 @@ def test_a_writer_losing_partitions_mid_flush_finishes_it_before_the_group_moves
     produced, ids = _join_mid_flush(settings.model_copy(update={"ledger_uri": str(tmp_path / "ledger")}),
                                     _SlowFirstWrite)
     assert sorted(ids) == sorted(produced)
-    control = settings.model_copy(update={"ledger_uri": str(tmp_path / "control"), "topic_prefix": settings.topic_prefix + "c"})
+    control = settings.model_copy(update={"ledger_uri": str(tmp_path / "control"),
+                                          "topic_prefix": settings.topic_prefix + "c"})
     create_topics(control)
     produced, ids = _join_mid_flush(control, _NotWaitingOnRevoke)
     assert set(ids) == set(produced) and len(ids) > len(set(ids)), "the control should have written some twice"

@@ -23,14 +23,15 @@ from pathlib import Path
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
-from faults import ledger_ids
 from kafka.errors import KafkaError
-from samples import sample_group
 
 from pipeline.bus import EventProducer, create_topics
 from pipeline.journal import Journal
 from pipeline.ledger import LedgerConfig, LedgerWriter, read_events
 from pipeline.receipts import RECEIPTS
+
+from faults import ledger_ids
+from samples import sample_group
 
 SHA = "ef" * 32
 WAIT_S = 120.0
@@ -198,7 +199,8 @@ def test_a_resend_after_the_receipts_are_gone_is_written_once(settings, tmp_path
         LedgerWriter(s).sync(idle_exit_s=1)  # its journal moves on; the entries naming `old` go
         fs, root = pafs.LocalFileSystem(), str(tmp_path / name)
         named = Journal(fs, root).named_files()
-        assert not {e.event_id for e in old} & {i for f in named for i in pq.read_table(f).column("event_id").to_pylist()}
+        assert not {e.event_id for e in old} & {i for f in named
+                                                for i in pq.read_table(f).column("event_id").to_pylist()}
         shutil.rmtree(tmp_path / name / RECEIPTS)  # the receipts' window has passed
         publish(s, old)  # the outbox's last resort: sent again
         writer = LedgerWriter(s)

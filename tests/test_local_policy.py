@@ -18,11 +18,11 @@ import torch
 from PIL import Image, ImageDraw
 from transformers import AutoTokenizer
 
-from model.inputs import build_inputs, forward_logprobs, inputs_from_ids, suppressed_token_ids
-from model.sampling import Sampling, sample_batch
-from model.prompt import CHAT_TEMPLATE, PromptConfig, build_messages, render_chat, render_prompt
 from model.architectures import make_tiny_policy
+from model.inputs import build_inputs, forward_logprobs, inputs_from_ids, suppressed_token_ids
 from model.policy import load_policy, save_policy
+from model.prompt import CHAT_TEMPLATE, PromptConfig, build_messages, render_chat, render_prompt
+from model.sampling import Sampling, sample_batch
 from model.tokenizer import train_tokenizer
 from rollout.policy.local import LocalPolicy
 from rollout.policy.vllm_client import VLLMPolicy
@@ -307,7 +307,8 @@ def test_vllm_client_against_fake_server(fake_vllm):
     # The custom route gets the raw URI; vLLM's cache resets follow it.
     asyncio.run(pol.refresh(5, "s3://bucket/ckpt/v5"))
     assert pol.version == 5 and _FakeVLLM.requests[1:] == [
-        _PAUSE, ("/reload", {"model": "tiny", "version": 5, "checkpoint_uri": "s3://bucket/ckpt/v5"}), *_RESETS, _RESUME]
+        _PAUSE, ("/reload", {"model": "tiny", "version": 5, "checkpoint_uri": "s3://bucket/ckpt/v5"}), *_RESETS,
+        _RESUME]
     assert pol.last_refresh_s > 0 and set(pol.last_refresh_timings) == {
         "pause_s", "reload_s", "reset_prefix_cache_s", "reset_encoder_cache_s", "resume_s"}  # fmt: skip
 
@@ -325,7 +326,8 @@ def test_vllm_refresh_uses_native_reload_then_resets_caches(fake_vllm, tmp_path)
     pol = VLLMPolicy(fake_vllm, "tiny")
     v7 = _hf_dir(tmp_path, "run 1/v000007")
     asyncio.run(pol.refresh(7, "file://" + v7.replace(" ", "%20")))
-    reload = ("/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": v7, "is_checkpoint_format": True}})
+    reload = ("/collective_rpc", {"method": "reload_weights",
+                                  "kwargs": {"weights_path": v7, "is_checkpoint_format": True}})
     # paused around it; the reload first: a reset before it would be refilled by old weights
     assert _FakeVLLM.requests == [_PAUSE, reload, *_RESETS, _RESUME]
     assert pol.version == 7 and pol.weights_dir == v7

@@ -16,7 +16,6 @@ import uuid
 
 import pyarrow.fs as pafs
 import pytest
-from faults import Publisher, account, ledger_ids
 
 from pipeline.bus import EventProducer, create_topics
 from pipeline.ledger import LedgerWriter
@@ -24,6 +23,8 @@ from pipeline.outbox import Outbox
 from pipeline.receipts import RECEIPTS, ReceiptReader, ReceiptWriter
 from pipeline.stack.local import LocalStack
 from pipeline.stack.tansu import start_tansu
+
+from faults import Publisher, account, ledger_ids
 
 
 def test_the_outbox_keeps_what_the_ledger_has_not_confirmed(tmp_path):
@@ -145,7 +146,8 @@ def test_a_producer_killed_between_its_outbox_and_its_send_sends_once_after_rest
     row = account("producer killed between its outbox write and its send", [event_id], settings, run_id,
                   note="sent by the restarted producer from its outbox, confirmed, then removed from it")
     assert row.lost == 0 and row.duplicated == 0
-    assert len(Outbox(tmp_path / "outbox" / f"{settings.topic_prefix}.killed.sqlite")) == 0  # confirmed by the ledger, so forgotten
+    # confirmed by the ledger, so forgotten
+    assert len(Outbox(tmp_path / "outbox" / f"{settings.topic_prefix}.killed.sqlite")) == 0
 
 
 @pytest.mark.slow
@@ -156,6 +158,7 @@ def test_offsets_of_a_lost_log_are_never_committed_past_what_the_new_log_handed_
     what `poll()` returned in the new log."""
     from pipeline.bus import EventConsumer
     from pipeline.topics import ROLLOUT
+
     from samples import sample_step
 
     kafka = start_tansu(tmp_path, port=None)
@@ -232,8 +235,9 @@ def test_a_trainer_resumes_from_its_past_after_the_broker_lost_its_log(stack, se
         # What the pool and the dispatcher follow: the ledger's past, then the log, where the restarted
         # trainer's outbox sends v2 again; each event once.
         seen, stop = [], threading.Event()
-        follower = threading.Thread(target=follow_run, args=(settings, TRAINER, run_id, [PolicyVersionPublished, GroupDropped],
-                                                             seen.append, stop, EventProducer(settings, "f"), "f"))
+        follower = threading.Thread(target=follow_run,
+                                    args=(settings, TRAINER, run_id, [PolicyVersionPublished, GroupDropped],
+                                          seen.append, stop, EventProducer(settings, "f"), "f"))
         follower.start()
         restarted = EventProducer(settings, client_id=TRAINER_CLIENT)
         deadline = time.monotonic() + 60

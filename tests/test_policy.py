@@ -29,7 +29,8 @@ def test_a_published_architecture_saves_and_loads_as_the_tiny_one_does(two_b):
     assert loaded.lm_head.weight is loaded.model.language_model.embed_tokens.weight
     expected = model.state_dict()
     assert all(torch.equal(v, expected[k]) for k, v in loaded.state_dict().items())
-    assert processor.patch_size == 16 and tokenizer.convert_tokens_to_ids("<|image_pad|>") == model.config.image_token_id
+    assert processor.patch_size == 16
+    assert tokenizer.convert_tokens_to_ids("<|image_pad|>") == model.config.image_token_id
 
 
 def test_meta_build_then_local_rows_equals_a_plain_load(two_b):

@@ -8,12 +8,13 @@ import math
 import uuid
 
 import pytest
-from test_train_resume import publish_groups
 
 from analysis.replay import VARIANTS, replay, with_overrides
 from pipeline.ledger import LedgerWriter
 from trainer.config import AnchorConfig, TrainConfig
 from trainer.launch import launch
+
+from test_train_resume import publish_groups
 
 slow = pytest.mark.slow  # everything using the recorded run: a torchrun trainer on the real stack
 
@@ -131,8 +132,8 @@ def test_replay_cli_writes_the_side_by_side_report(recorded, tmp_path):
     app = typer.Typer()
     register(app)
     env = settings.environ()
-    res = CliRunner().invoke(app, ["replay", run_id, "--variant", "per_trajectory", "--updates", "0..0", "--format", "json",
-                                   "--out", str(tmp_path)], env=env)
+    res = CliRunner().invoke(app, ["replay", run_id, "--variant", "per_trajectory", "--updates", "0..0",
+                                   "--format", "json", "--out", str(tmp_path)], env=env)
     assert res.exit_code == 0, res.output
     (batch,) = json.loads(res.stdout)
     assert batch["exact"] and batch["variant"][0]["stats"]["weight_mass_failure"] == pytest.approx(0.5)
@@ -180,7 +181,15 @@ def test_replay_launched_from_the_dagster_ui(recorded, tmp_path):
     import time
 
     from playwright.sync_api import sync_playwright
-    from test_dagster_ui import _wait, dagster_dev_server, finished_runs, launch_all_partitions, open_ui, wait_for_partitions
+
+    from test_dagster_ui import (
+        _wait,
+        dagster_dev_server,
+        finished_runs,
+        launch_all_partitions,
+        open_ui,
+        wait_for_partitions,
+    )
 
     settings, run_id = recorded
     with dagster_dev_server(tmp_path, settings.environ()) as base:

@@ -166,7 +166,8 @@ def test_garbage_output_becomes_invalid_action_steps(settings, sites, streak):
     assert all(s.error_class == "invalid_action" for s in steps)
     (finished,) = [d.event for d in delivered if isinstance(d.event, EpisodeFinished)]
     assert finished.outcome == "failure" and finished.num_steps == len(steps)
-    assert finished.reason == ("3 invalid actions in a row" if streak else f"horizon of {easy[0].horizon} steps reached")
+    assert finished.reason == ("3 invalid actions in a row" if streak
+                               else f"horizon of {easy[0].horizon} steps reached")
 
 
 def test_new_policy_version_is_picked_up_between_steps(settings, sites):

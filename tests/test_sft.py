@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import uuid
 
-from test_train_resume import publish_groups
-
 from pipeline.ledger import LedgerWriter
 from pipeline.store import ScreenshotStore
 from rollout.policy.local import LocalPolicy
 from trainer.sft import SFTConfig, demonstrations, train_sft
+
+from test_train_resume import publish_groups
 
 
 def test_sft_clones_successful_demonstrations_from_the_ledger(settings, tmp_path):

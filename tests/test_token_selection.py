@@ -12,6 +12,7 @@ import torch
 from model.inputs import suppressed_token_ids
 from model.prompt import render_prompt
 from model.response import decision_spans, decision_token_mask
+from pipeline.hashing import sha256_hex
 from rollout.policy.local import LocalPolicy
 from schemas.observation import Mark, Observation
 from trainer.advantages import group_advantages
@@ -20,7 +21,6 @@ from trainer.losses import TokenSelection, select_tokens
 from trainer.update import Scorer, StepSample, accumulate_gradients, combine, score, update_stats
 
 from samples import render_page
-from pipeline.hashing import sha256_hex
 
 RESPONSE = '{"thought": "click the red box", "memory": {"box": "red"}, "action": {"kind": "click", "mark": 2}}'
 

@@ -93,7 +93,8 @@ def test_torchrun_trains_a_live_run_and_the_pool_picks_up_versions(settings, tmp
     assert con.sql(f"select count(*) from updates where run_id = '{run_id}'").fetchall()[0][0] == 3
     assert con.sql(f"select max(version) from policy_versions where run_id = '{run_id}'").fetchall()[0][0] == 3
     # the pool loaded versions pushed straight from the trainer, each the digest its event named
-    loaded = con.sql(f"select l.version, l.delivery, l.checkpoint_sha256 = p.checkpoint_sha256 from policy_version_loaded l "
+    loaded = con.sql("select l.version, l.delivery, l.checkpoint_sha256 = p.checkpoint_sha256 "
+                     "from policy_version_loaded l "
                      f"join policy_version_published p using (run_id, version) where run_id = '{run_id}'").fetchall()
     assert all(same for *_, same in loaded) and [d for _, d, _ in loaded].count("push") >= 2, loaded
     assert all(v.push_s is not None for v in versions[1:])

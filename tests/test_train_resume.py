@@ -173,7 +173,7 @@ def test_sigkilled_trainer_resumes_without_losing_or_repeating_a_group(settings,
     assert [s for s, n in Counter(u.update_step for u in updates).items() if n > 1] == []  # none applied twice
     assert [u.update_step for u in updates] == list(range(5))
     assert sorted(g for u in updates for g in u.group_ids) == sorted(groups)  # each group exactly once
-    for v, u in zip(versions[1:], updates):
+    for v, _update in zip(versions[1:], updates):  # zip: only the versions that have an update
         assert v.parent_version == v.version - 1 and v.checkpoint_sha256 == stored_sha256(settings, v)
 
     # The kill may leave an update outside the lineage (sent, never published): the ledger must
@@ -191,8 +191,9 @@ def test_sigkilled_trainer_resumes_without_losing_or_repeating_a_group(settings,
 def test_what_the_launcher_starts_dies_with_the_launcher():
     """`awrl train` SIGKILLed: the torchrun it started (in a session of its own) goes with it."""
     launcher = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time; "
-                                 "p = subprocess.Popen(sys.argv[1:], start_new_session=True); print(p.pid, flush=True); "
-                                 "time.sleep(60)", *dies_with_parent(["sleep", "60"])], stdout=subprocess.PIPE, text=True)
+                                 "p = subprocess.Popen(sys.argv[1:], start_new_session=True); "
+                                 "print(p.pid, flush=True); time.sleep(60)", *dies_with_parent(["sleep", "60"])],
+                                stdout=subprocess.PIPE, text=True)
     child = psutil.Process(int(launcher.stdout.readline()))
     deadline = time.monotonic() + 30
     while child.name() != "sleep" and time.monotonic() < deadline:  # setpriv has asked, then exec'd it

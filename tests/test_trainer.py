@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from model.inputs import suppressed_token_ids
-from model.prompt import render_prompt
 from model.policy import save_policy
+from model.prompt import render_prompt
 from pipeline.hashing import sha256_hex, weights_sha256
 from rollout.policy.local import LocalPolicy
 from schemas import GroupCompleted
@@ -198,8 +198,10 @@ def _torchrun_steps(tmp_path, samples, trajectories, config, nproc: int, steps: 
     (tmp_path / f"{name}.pkl").write_bytes(pickle.dumps(
         (samples, trajectories, images, _policy().model.state_dict(), config, steps, list(demonstrations))))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-           str(Path(__file__).with_name("torchrun_step.py")), str(tmp_path / f"{name}.pkl"), str(tmp_path / f"{name}.pt")]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1", "AWRL_TEST_DEVICE": device})
+           str(Path(__file__).with_name("torchrun_step.py")), str(tmp_path / f"{name}.pkl"),
+           str(tmp_path / f"{name}.pt")]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "OMP_NUM_THREADS": "1", "AWRL_TEST_DEVICE": device})
     assert proc.returncode == 0, proc.stderr[-3000:]
     return torch.load(tmp_path / f"{name}.pt", weights_only=False)
 
@@ -249,7 +251,8 @@ def test_fsdp2_ranks_equal_one_process_and_replay_emulates_them_bit_for_bit(tmp_
     for world, recorded, subset in ((1, one, samples), (2, two, samples), (2, uneven, samples[:5])):
         replayed = _emulated_steps(subset, trajectories, config, world)
         # the weights, and the digest the ranks computed from their own shards without gathering them
-        assert replayed == [(r["loss"], r["grad_norm"], weights_sha256(r["weights"]), r["digest"]) for r in recorded], world
+        assert replayed == [(r["loss"], r["grad_norm"], weights_sha256(r["weights"]), r["digest"])
+                            for r in recorded], world
     assert one[-1]["digest"] == weights_sha256(one[-1]["weights"])  # one rank's digest is the whole model's hash
 
 

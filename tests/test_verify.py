@@ -157,7 +157,8 @@ def test_cli_exits_0_on_a_sound_ledger_and_1_with_one_line_per_kind(tmp_path, aw
     assert code == 1 and err.count("\n") == 1, err
     assert "3 duplicates, 1 missing steps, 1 version gaps, 1 unconfirmed outbox" in err
     lines = out.splitlines()
-    assert [line.split(":")[0] for line in lines] == ["duplicates", "missing steps", "version gaps", "unconfirmed outbox"]
+    assert [line.split(":")[0] for line in lines] == ["duplicates", "missing steps", "version gaps",
+                                                      "unconfirmed outbox"]
     assert lines[1].startswith("missing steps: 1 trajectories with a step missing (e.g. run_id r1, trajectory_id C")
 
     code, out, _ = awrl("--format", "json", "--ledger-uri", tmp_path / "bad")  # every run

@@ -25,12 +25,13 @@ from pathlib import Path
 import psutil
 import pytest
 from PIL import Image, ImageChops
-from samples import render_page, sample_step, write_viewable_run
 
 from analysis.ledger import connect, sql
 from pipeline.ledger import LedgerWriter
 from pipeline.store import ScreenshotStore, minio_client
 from schemas import EpisodeFinished, EpisodeStarted
+
+from samples import render_page, sample_step, write_viewable_run
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 

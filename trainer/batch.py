@@ -65,7 +65,8 @@ class TrainGroup:
 
     def behaviour_versions(self) -> list[int]:
         """The version of every response token (the step's version for token-less steps)."""
-        return [v for steps in self.trajectories for s in steps for v in (s.token_policy_versions or [s.policy_version])]
+        return [v for steps in self.trajectories for s in steps
+                for v in (s.token_policy_versions or [s.policy_version])]
 
     @property
     def has_tokens(self) -> bool:

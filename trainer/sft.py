@@ -80,10 +80,12 @@ def train_sft(settings: StackSettings, config: SFTConfig, on_step: Callable[[int
     torch.manual_seed(config.seed)
     samples = demonstrations(settings, config.run_ids)
     if not samples:
-        raise ValueError(f"no successful demonstration steps with tokens in runs {config.run_ids} (is the ledger synced?)")
+        raise ValueError(f"no successful demonstration steps with tokens in runs {config.run_ids} "
+                         "(is the ledger synced?)")
     model, tokenizer, processor = load_policy(ensure_policy(config.model_dir))
     model.train()
-    scorer = Scorer(model, tokenizer, processor, suppressed_token_ids(tokenizer), ScreenshotStore.from_settings(settings).get)
+    scorer = Scorer(model, tokenizer, processor, suppressed_token_ids(tokenizer),
+                    ScreenshotStore.from_settings(settings).get)
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr)
     rng = random.Random(config.seed)
     result = SFTResult(config.out_dir, len(samples))

@@ -45,7 +45,8 @@ def shard_model(model: torch.nn.Module, mesh: DeviceMesh, bf16: bool = False,
     `bf16`: bf16 parameters in forward and backward, fp32 gradient reduction and master weights."""
     if activation_checkpointing:  # HF's own hook: no wrapper module, so parameter names stay the HF ones
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else MixedPrecisionPolicy()
+    mp = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16
+          else MixedPrecisionPolicy())
     text = model.model.language_model
     # A tied LM head (2B, 4B) is the embedding's own weight: both modules in one group, so it is one
     # sharded parameter, gathered once for the forward

@@ -16,9 +16,10 @@ batch's offsets. The policy is sharded with FSDP2 (`trainer.sharding`): each ran
 (`trainer.update.shard`, padded so every rank runs the same forwards and backwards). No rank ever
 holds the whole model at start-up: each builds it on the meta device, shards it, and reads only its
 own rows (`trainer.sharding.sharded_policy`) from the HF directory at version 0, or its DCP shards
-when resuming. Each version is stored twice: every rank's shards with DCP (trainer state, for resuming) and the gathered weights as a standard HF directory (for the pool
-and vLLM), committed by its manifest (`trainer.state`); the upload runs beside the next update, and
-the version is announced once it is durable (`trainer.versions`).
+when resuming. Each version is stored twice: every rank's shards with DCP (trainer state, for resuming)
+and the gathered weights as a standard HF directory (for the pool and vLLM), committed by its manifest
+(`trainer.state`); the upload runs beside the next update, and the version is announced once it is
+durable (`trainer.versions`).
 
 Crash safety: a restarted trainer resumes from the last published version (weights and optimizer
 shards from its DCP state) and the committed offsets; groups named by a published update or by

@@ -36,8 +36,16 @@ from model.policy import load_policy
 from model.response import decision_token_mask
 from trainer.batch import TrainGroup
 from trainer.config import TrainConfig
-from trainer.losses import (anchor_loss, anchor_mask, decoupled_ppo_objective, grpo_loss, kl_to_reference,
-                            raft_advantages, select_tokens, token_weights)
+from trainer.losses import (
+    anchor_loss,
+    anchor_mask,
+    decoupled_ppo_objective,
+    grpo_loss,
+    kl_to_reference,
+    raft_advantages,
+    select_tokens,
+    token_weights,
+)
 from trainer.mismatch import mismatch_stats
 
 
@@ -178,8 +186,8 @@ def accumulate_gradients(scorer: Scorer, samples: list[StepSample], num_trajecto
         dev = logprobs.device
         behave = torch.tensor(s.behave_logprobs, dtype=logprobs.dtype, device=dev)  # [n]
         success = torch.full((n,), s.success, device=dev)  # [n]
-        mask, kl_mask = select_tokens(config.tokens, entropy.detach(),
-                                      lambda s=s: decision_token_mask(scorer.tokenizer, s.response_token_ids))  # [n], [n]
+        mask, kl_mask = select_tokens(config.tokens, entropy.detach(),  # [n], [n]
+                                      lambda s=s: decision_token_mask(scorer.tokenizer, s.response_token_ids))
         advantages = torch.full((n,), s.advantage, dtype=logprobs.dtype, device=dev)  # [n]
         # |o_{i,t}|: the step's response tokens, or its selected ones (a step keeps its whole weight)
         step_tokens = torch.full((n,), n if config.tokens.pg == "all" else int(mask.sum()), device=dev)  # [n]
@@ -337,7 +345,8 @@ def update_stats(tokens: dict[str, torch.Tensor], config: TrainConfig) -> dict[s
                                        config.ppo)
     success, w, lag = tokens["success"], tokens["weights"], tokens["lag"].double()
     if tokens["reference"].numel():
-        stats["kl_ref"] = torch.where(mask, kl_to_reference(lp, tokens["reference"]), 0.0).sum() / mask.sum().clamp(min=1)
+        stats["kl_ref"] = (torch.where(mask, kl_to_reference(lp, tokens["reference"]), 0.0).sum()
+                           / mask.sum().clamp(min=1))
     stats.update(
         tokens=torch.tensor(float(lp.numel())),
         entropy=tokens["entropy"].mean(),

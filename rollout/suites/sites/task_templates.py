@@ -2,11 +2,11 @@
 
 Two templates per site and difficulty; the second of each pair is held out (never trained on):
 
-| site  | easy                       | medium                                  | hard                                     |
-|-------|----------------------------|-----------------------------------------|------------------------------------------|
-| shop  | add_item / price_lookup*   | cheapest_brand / priciest_under*        | buy_two / cheapest_plus*                 |
-| wiki  | capital / founded*         | neighbor_capital / neighbor_language*   | compare_population / founded_gap*        |
-| forms | contact / newsletter*      | signup / return_request*                | job_application / event_registration*    |
+| site  | easy                       | medium                                  | hard                                  |
+|-------|----------------------------|-----------------------------------------|---------------------------------------|
+| shop  | add_item / price_lookup*   | cheapest_brand / priciest_under*        | buy_two / cheapest_plus*              |
+| wiki  | capital / founded*         | neighbor_capital / neighbor_language*   | compare_population / founded_gap*     |
+| forms | contact / newsletter*      | signup / return_request*                | job_application / event_registration* |
 
 (* = held out.) Oracle plans use the shared step vocabulary (click / type / select / press / goto /
 answer / stop), name elements by their visible text or label, and only target elements that are in
@@ -16,8 +16,8 @@ the 1280x720 viewport without scrolling.
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from rollout.suites.sites import forms
 from rollout.suites.sites.world import BRANDS, CATEGORIES, Country, Product, world
