@@ -32,7 +32,8 @@ import psutil
 from pydantic import TypeAdapter
 
 from model.policy import ensure_policy
-from pipeline.bus import EventProducer, follow
+from pipeline.bus import EventProducer
+from pipeline.history import follow_run
 from pipeline.ledger import LedgerWriter
 from pipeline.settings import StackSettings
 from pipeline.stack.process import free_port
@@ -231,9 +232,9 @@ def run_training(settings: StackSettings, config: RunConfig, on_progress=None, r
     producer = EventProducer(settings, client_id="run")
     if record:
         record_start(producer, run_id, "run", recorded)
-    watcher = threading.Thread(target=follow,
-                               args=(settings, TRAINER, run_id, progress.on_trainer_event, stop, producer),
-                               daemon=True)
+    watcher = threading.Thread(target=follow_run, daemon=True,
+                               args=(settings, TRAINER, run_id, [PolicyVersionPublished, UpdateApplied, GroupDropped],
+                                     progress.on_trainer_event, stop, producer, "run"))
     watcher.start()
     tensorboard = LiveTensorBoard(settings, run_id, config.tensorboard) if config.tensorboard else None
     with open(logs / "trainer.log", "w") as tlog, open(logs / "ledger.log", "w") as llog:

@@ -132,7 +132,7 @@ class Curriculum(Iterator[Task]):
                 self._skipped_at.pop(task_id, None)
 
     def on_event(self, event) -> None:
-        """Feed from the run's rollout events (`pipeline.bus.follow`)."""
+        """Feed from the run's rollout events (`pipeline.history.follow_run`: each once, the ledger's past first)."""
         if isinstance(event, GroupCompleted):
             self.record_group(event.task_id, event.rewards)
 

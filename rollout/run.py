@@ -17,8 +17,9 @@ from kafka.errors import KafkaError
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from pipeline.bus import EventProducer, follow
+from pipeline.bus import EventProducer
 from pipeline.checkpoints import CheckpointStore
+from pipeline.history import follow_run
 from pipeline.settings import StackSettings
 from pipeline.topics import ROLLOUT
 from rollout.curriculum import Curriculum, CurriculumConfig, family_index, seed_from_ledger
@@ -26,6 +27,7 @@ from rollout.dispatcher import Admission, dispatch, follow_trainer, task_stream
 from rollout.episode import EpisodeConfig
 from rollout.pool import PoolConfig, PoolStats, RolloutPool
 from rollout.types import Policy, Suite
+from schemas import GroupCompleted
 from schemas.observation import Difficulty, PolicyName, Split, SuiteName, Task
 
 log = logging.getLogger(__name__)
@@ -207,8 +209,8 @@ def _dispatch_loop(settings, pool: RolloutPool, run_id, tasks, req: RolloutReque
     if budget is not None:
         threading.Thread(target=follow_trainer, args=(settings, run_id, budget, stop, producer), daemon=True).start()
     if isinstance(tasks, Curriculum):  # this run's outcomes, from the start of its log
-        threading.Thread(target=follow, args=(settings, ROLLOUT, run_id, tasks.on_event, stop, producer),
-                         kwargs={"client_id": "curriculum"}, daemon=True).start()
+        threading.Thread(target=follow_run, args=(settings, ROLLOUT, run_id, [GroupCompleted], tasks.on_event, stop,
+                                                  producer, "curriculum"), daemon=True).start()
     backlog = max(2, 2 * req.workers // req.group_size)
     stats = pool.stats
     try:
