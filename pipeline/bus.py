@@ -8,6 +8,7 @@ dead-letter topic with the reason in headers, and the consumer moves on.
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -500,7 +501,6 @@ class DeadLetter:
 def dead_letters(settings: StackSettings, timeout_s: float = 10.0) -> list[DeadLetter]:
     """Every message on the dead-letter topic, with the reason the consumer gave. A ConnectionError at
     once when no broker listens (the client would retry for half a minute)."""
-    import json
     import socket
 
     host, _, port = settings.kafka_bootstrap.split(",")[0].rpartition(":")
@@ -508,13 +508,17 @@ def dead_letters(settings: StackSettings, timeout_s: float = 10.0) -> list[DeadL
     out = []
     for r in read_records(settings, DEAD_LETTER, timeout_s):
         headers = {k: v.decode(errors="replace") for k, v in r.headers or []}
-        try:
-            run_id = json.loads(r.value or b"").get("run_id")
-        except (ValueError, AttributeError):
-            run_id = None
-        out.append(DeadLetter(headers.get("reason", "?"), headers.get("source_topic", "?"),
-                              run_id if isinstance(run_id, str) else None))
+        out.append(DeadLetter(headers.get("reason", "?"), headers.get("source_topic", "?"), message_run_id(r.value)))
     return out
+
+
+def message_run_id(value: bytes | None) -> str | None:
+    """The run a refused message names, where its JSON has a string `run_id`; None when it cannot be read."""
+    try:
+        run_id = json.loads(value or b"").get("run_id")
+    except (ValueError, AttributeError):
+        return None
+    return run_id if isinstance(run_id, str) else None
 
 
 def _at_end(kafka: KafkaConsumer, tp: TopicPartition) -> bool:
