@@ -31,6 +31,8 @@ import torch.distributed as dist
 log = logging.getLogger("awrl.push")
 TIMEOUT = timedelta(seconds=30)
 JOIN_TIMEOUT = timedelta(seconds=5)
+POLL_S = 0.1
+"""How often a receiver asks the sender's store for the next version (a pushed version waits at most this)."""
 KEEP = 2
 """Pushed versions a receiver holds: the trainer pushes version v+1 while v's event may still be on
 its way to the pool (v is announced once stored, v+1 is pushed as soon as it is trained)."""
@@ -125,15 +127,16 @@ class WeightReceiver:
             return pushed
 
     def _wait(self, key: str) -> bool:
+        # Polled with `check`, which answers at once: the store's `wait` with a timeout logs a c10d
+        # warning at every timeout, which printed hundreds of lines into `make demo`'s terminal.
         while not self._closed.is_set():
             try:
-                self._store.wait([key], timedelta(seconds=1))
-                return True
-            except dist.DistNetworkError:  # the trainer went away: the store path delivers from now on
+                if self._store.check([key]):
+                    return True
+            except dist.DistError:  # the trainer went away: the store path delivers from now on
                 log.warning("weight push: the trainer closed the connection; loading versions from the store")
                 return False
-            except dist.DistStoreError:  # not yet: the trainer publishes when it publishes
-                continue
+            self._closed.wait(POLL_S)  # not yet: the trainer publishes when it publishes
         return False
 
     def _run(self) -> None:
