@@ -154,7 +154,14 @@ class EventProducer:
             if self._failed:
                 self._restart()
             cluster = self.cluster_id() or ""  # before the send: see `pipeline.outbox`
-            future = self._kafka.send(p.topic, value=p.value, key=p.key, headers=p.headers)
+            try:
+                future = self._kafka.send(p.topic, value=p.value, key=p.key, headers=p.headers)
+            except Exception:
+                # Raised before any future exists (no metadata within `max_block_ms` while the broker is
+                # down): an id left in `inflight` would never be sent again, so the outbox would keep it.
+                inflight.discard(p.event_id)
+                self._on_failure(None)
+                raise
 
         def acked(_meta) -> None:
             self.outbox.sent(p.event_id, cluster)

@@ -156,6 +156,47 @@ def test_a_producer_killed_between_its_outbox_and_its_send_sends_once_after_rest
     assert len(Outbox(tmp_path / "outbox" / f"{settings.topic_prefix}.killed.sqlite")) == 0
 
 
+def test_a_send_that_raises_before_its_future_leaves_the_event_to_be_sent_again(settings, tmp_path):
+    """`KafkaProducer.send` can raise before any future exists (no metadata within `max_block_ms` while
+    the broker is down). The event is in the outbox; it must not stay marked in flight, or the outbox
+    would never send it again. The raise is injected once; the broker and the ledger are real."""
+    from kafka.errors import KafkaTimeoutError
+
+    from samples import sample_step
+
+    settings = settings.model_copy(update={"ledger_uri": str(tmp_path / "ledger"), "outbox_dir": tmp_path / "outbox"})
+    create_topics(settings)
+    producer = EventProducer(settings, client_id="raising")
+    library_send = producer._kafka.send
+    calls = []
+
+    def send_once_raising(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            raise KafkaTimeoutError("Failed to update metadata after 60.0 secs.")
+        return library_send(*args, **kwargs)
+
+    producer._kafka.send = send_once_raising
+    step = sample_step("raise-run", "g", "g-t0", 0, "ab" * 32)
+    with pytest.raises(KafkaTimeoutError):
+        producer.publish(step)
+    assert step.event_id not in producer._reconciler.inflight and len(producer.outbox) == 1
+    producer._reconciler.unacked_after_s = 0.0  # never acknowledged: the next round sends it again
+    writer_stop = threading.Event()
+    writer = threading.Thread(target=LedgerWriter(settings).sync, kwargs={"follow": True, "stop": writer_stop})
+    writer.start()
+    try:
+        for _ in range(120):  # rounds of a second: the outbox resends, the writer writes, a receipt confirms
+            if step.event_id in ledger_ids(settings, "raise-run") and len(producer.outbox) == 0:
+                break
+            time.sleep(1)
+    finally:
+        writer_stop.set()
+        writer.join(timeout=60)
+        producer.close()
+    assert ledger_ids(settings, "raise-run") == [step.event_id]  # sent again, by the restarted producer
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_offsets_of_a_lost_log_are_never_committed_past_what_the_new_log_handed_out(stack, settings, tmp_path):
