@@ -222,7 +222,8 @@ class Soak:
         gap = every_s / 2 if rebalance and only != "rebalance" else every_s
         last = (started, self._finished() or 0)
         for fault in _schedule(faults, only, rebalance):
-            if fault != "writer_stop" and not self._wait(lambda at=last: self._progressed(at, gap), "before a fault"):
+            if fault != "writer_stop" and not self._wait(
+                    lambda ledger, at=last: self._progressed(at, gap, ledger[0]), "before a fault"):
                 return
             if fault == "drawn":  # drawn when due, between the faults' own draws (a browser, a writer)
                 fault = only or self.rng.choice(FAULTS)
@@ -232,7 +233,7 @@ class Soak:
             done = self._finished()
             last = (time.monotonic(), last[1] if done is None else done)
         versions = self._versions() or 0
-        self._wait(lambda: (self._versions() or 0) > versions, "for a version after the last fault")
+        self._wait(lambda ledger: (ledger[1] or 0) > versions, "for a version after the last fault")
 
     def _tick(self, seconds: int = 3) -> None:
         for _ in range(seconds):
@@ -241,10 +242,11 @@ class Soak:
             self.resume(due_only=True)
 
     def _wait(self, until, what: str) -> bool:
-        """Keep the system running until `until()`; False (and `stalled` set) if `patience_s` passes
-        without a finished episode or a version more in the ledger."""
+        """Keep the system running until `until((finished, versions))`, the ledger's counts read once a
+        round; False (and `stalled` set) if `patience_s` passes without either growing."""
         seen, since = (self._finished(), self._versions()), time.monotonic()
-        while not until():
+        now = seen
+        while not until(now):
             self._tick()
             now = (self._finished(), self._versions())
             if now != seen and None not in now:
@@ -256,11 +258,10 @@ class Soak:
                 return False
         return True
 
-    def _progressed(self, last: tuple[float, int], gap: float) -> bool:
-        if time.monotonic() - last[0] < gap:
-            return False
-        done = self._finished()
-        return done is not None and done > last[1]
+    @staticmethod
+    def _progressed(last: tuple[float, int], gap: float, done: int | None) -> bool:
+        """`gap` seconds since the last fault, and a finished episode more than then (`done`)."""
+        return time.monotonic() - last[0] >= gap and done is not None and done > last[1]
 
     def _finished(self) -> int | None:
         """Finished episodes in the ledger (None while the store cannot be read: store down)."""
