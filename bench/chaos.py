@@ -64,6 +64,9 @@ ROWS = (*FAULTS, *REBALANCE, "rebalance")
 """The loaded matrix's rows: each fault alone, once; `rebalance`: the `REBALANCE` schedule alone."""
 ETA = 4
 """The pool's and trainer's staleness bound (also the timeout of a group that waits for a step)."""
+DRAIN_PATIENCE_S = 180.0
+"""How long the drain waits on a count of groups past their timeout that no longer falls (the
+reconciliation then reports them)."""
 
 
 def _say(line: str) -> None:
@@ -279,19 +282,33 @@ class Soak:
         return sum(1 for ids in published.column("update_ids").to_pylist() if ids)
 
     def drain(self, train_s: float = 60.0, last_resort_s: float = 90.0) -> None:
-        """Stop the pool, give the trainer `train_s` more, stop it; then, as producers that start again
+        """Stop the pool, give the trainer `train_s` more and then until no group is past its timeout
+        (or that count stays put for `DRAIN_PATIENCE_S`), stop it; then, as producers that start again
         would, confirm and resend what their outboxes hold until the writers have it all (after
         `last_resort_s`, also what stayed unconfirmed for 30 s: the outbox's last resort, compressed)."""
         self.pool.kill(signal.SIGINT)
         self.resume()
         for g in self.guests:
             g.kill(signal.SIGTERM)
-        deadline = time.monotonic() + train_s
-        while time.monotonic() < deadline:
+        # At least `train_s`, then until the trainer has trained or dropped every group past its timeout:
+        # on an idle machine the pool completes groups far faster than the trainer reads them.
+        started = since = polled = time.monotonic()
+        behind = None
+        while True:
             for s in (*self.writers, self.trainer):
                 if not s.alive():
                     s.start()
             time.sleep(1)
+            if time.monotonic() - started < train_s or time.monotonic() - polled < 10:
+                continue
+            polled = time.monotonic()
+            now = self._past_timeout()
+            if now == 0:
+                break
+            if now != behind:
+                behind, since = now, time.monotonic()
+            elif time.monotonic() - since > DRAIN_PATIENCE_S:
+                break  # the reconciliation reports them
         self.trainer.kill(signal.SIGTERM)
         prefix = f"{self.settings.topic_prefix}."
         producers = [EventProducer(self.settings, client_id=p.stem.removeprefix(prefix))
@@ -322,6 +339,13 @@ class Soak:
             self.last_resort = sum(p._reconciler.resent for p in producers)
         for w in self.writers:
             w.kill(signal.SIGTERM)
+
+    def _past_timeout(self) -> int | None:
+        """Groups the trainer should have trained or dropped by now (None while the store cannot be read)."""
+        try:
+            return reconcile(Reconciliation(0, []), self.settings, self.run_id, set(), ETA).open_past_timeout
+        except Exception:  # noqa: BLE001 - a fault of the soak's own making
+            return None
 
     def _outboxes(self) -> list[Path]:
         return sorted((self.settings.outbox_dir or Path("/nonexistent")).glob("*.sqlite"))
