@@ -9,7 +9,7 @@ The SQL lives in `analysis/sql/*.sql`; the CLI verbs (`awrl sql | drift | report
 """
 
 from analysis.drift import DriftConfig, DriftReport, drift_metrics
-from analysis.ledger import RAW_VIEWS, VIEWS, connect
+from analysis.views import RAW_VIEWS, VIEWS, connect
 
 
 def write_report(con, run_id, out_dir, config: DriftConfig = DriftConfig()):

@@ -12,7 +12,7 @@ from urllib.parse import quote
 
 import duckdb
 
-from analysis.ledger import sql
+from analysis.views import load_sql
 
 OUTCOMES = ("success", "failure", "env_error", "running")
 """The trajectory table's outcome filter; `running` is a trajectory with no EpisodeFinished yet."""
@@ -132,7 +132,7 @@ def trajectory(con: duckdb.DuckDBPyConnection, run_id: str, trajectory_id: str) 
         FROM (SELECT * FROM trajectories WHERE run_id = $r AND trajectory_id = $t) AS t
         LEFT JOIN ({_ADVANTAGES}) AS a USING (trajectory_id)""", {"r": run_id, "t": trajectory_id})
     if found is not None:
-        found["steps"] = rows(con, sql("browse_steps"), {"run_id": run_id, "trajectory_id": trajectory_id})
+        found["steps"] = rows(con, load_sql("browse_steps"), {"run_id": run_id, "trajectory_id": trajectory_id})
     return found
 
 

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 
 import duckdb
 
-from analysis.ledger import sql
+from analysis.views import load_sql
 
 GENERIC_KEY_PATTERNS: tuple[str, ...] = (
     r"(task|step|item|page|result|fact|note|entry|field|info|data|memory|subtask|goal|key|value)_?\d+",  # slots
@@ -121,7 +121,7 @@ class DriftReport:
 def drift_metrics(con: duckdb.DuckDBPyConnection, run_id: str, config: DriftConfig = DriftConfig()) -> DriftReport:
     """All metrics of the module docstring for `run_id` over a connection from `analysis.connect`."""
     report = DriftReport(run_id=run_id)
-    con.execute(sql("drift_step_keys"), {"run_id": run_id})
+    con.execute(load_sql("drift_step_keys"), {"run_id": run_id})
     try:
         _memory(con, run_id, config, report)
     finally:
@@ -134,7 +134,7 @@ def drift_metrics(con: duckdb.DuckDBPyConnection, run_id: str, config: DriftConf
 
 
 def _rows(con: duckdb.DuckDBPyConnection, name: str, params: dict) -> list[dict]:
-    cur = con.execute(sql(name), params)
+    cur = con.execute(load_sql(name), params)
     cols = [d[0] for d in cur.description]
     return [dict(zip(cols, row)) for row in cur.fetchall()]
 

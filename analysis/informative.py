@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import duckdb
 
-from analysis.ledger import sql
+from analysis.views import load_sql
 
 
 @dataclass(frozen=True)
@@ -32,7 +32,7 @@ class InformativeGroups:
 
 def informative_groups(con: duckdb.DuckDBPyConnection, run_id: str) -> InformativeGroups:
     groups, informative, share, minutes, per_minute = con.execute(
-        sql("informative_groups"), {"run_id": run_id}).fetchone()
+        load_sql("informative_groups"), {"run_id": run_id}).fetchone()
     if not groups:
         return InformativeGroups(0, 0, None, None, None)
     return InformativeGroups(groups, informative, share, minutes, per_minute if minutes else None)

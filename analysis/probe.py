@@ -25,8 +25,8 @@ from pathlib import Path
 
 import torch
 
+from model.hf_io import load_policy
 from model.inputs import build_inputs, forward_log_softmax, inputs_from_ids, suppressed_token_ids
-from model.policy import load_policy
 from model.prompt import render_prompt
 from pipeline.hashing import sha256_hex
 from rollout.suites.boxes import make_task

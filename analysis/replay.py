@@ -12,7 +12,7 @@ batch (the `UpdateApplied` events sharing a `version_before`):
   them, each step's drawn from (seed, update step) as the trainer drew them (`trainer.update.draw_anchor`);
 - the maths: the trainer's own `flatten`, `shard`, `response_logprobs` and `optimizer_step` (one
   function for both). The recorded FSDP2 world size is emulated in one process
-  (`trainer.sharding.EmulatedFSDP`): micro-batch by micro-batch, the ranks' gradients summed in rank
+  (`trainer.emulated_fsdp.EmulatedFSDP`): micro-batch by micro-batch, the ranks' gradients summed in rank
   order as the reduce-scatter does, the norm from the same per-rank slices, one AdamW per rank slice.
 
 Determinism conditions (when loss, gradient norm and the weights' sha256 equal the recorded ones bit
@@ -40,8 +40,8 @@ from pathlib import Path
 
 import torch
 
+from model.hf_io import load_policy
 from model.inputs import forward_log_softmax, inputs_from_ids, suppressed_token_ids
-from model.policy import load_policy
 from pipeline.checkpoints import CheckpointStore
 from pipeline.hashing import weights_sha256
 from pipeline.ledger import read_events
@@ -50,8 +50,8 @@ from pipeline.store import ScreenshotStore
 from schemas import BY_NAME, UpdateApplied, table_to_events
 from trainer.batch import GroupAssembler, TrainGroup
 from trainer.config import TrainConfig
+from trainer.emulated_fsdp import EmulatedFSDP
 from trainer.sft import demonstrations
-from trainer.sharding import EmulatedFSDP
 from trainer.state import load_full_state
 from trainer.update import (
     Scorer,

@@ -20,7 +20,7 @@ import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first
 
 from analysis.curves import evaluation_points, success_by_version, version_curve_png  # noqa: E402
 from analysis.drift import DriftConfig, DriftReport, drift_metrics  # noqa: E402
-from analysis.ledger import sql  # noqa: E402
+from analysis.views import load_sql  # noqa: E402
 
 TIME_BINS = 20
 PAPER = {  # AsyncWebRL, arXiv 2606.05597, "Memory-schema drift" and "Two inefficiencies": (1/|tau| run, 1/k run)
@@ -58,7 +58,7 @@ def write_report(con: duckdb.DuckDBPyConnection, run_id: str, out_dir: Path,
 
 
 def _fetch(con: duckdb.DuckDBPyConnection, name: str, params: dict) -> list[tuple]:
-    return con.execute(sql(name), params).fetchall()
+    return con.execute(load_sql(name), params).fetchall()
 
 
 def _fmt(value, percent: bool = False) -> str:

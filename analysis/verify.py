@@ -7,7 +7,7 @@ gaps, and nothing left in a producer's outbox.
 
 Each check is one query, `analysis/sql/verify_<kind>.sql`, returning one row per violation: `awrl
 ledger verify` runs them all, and the Dagster asset checks (`assets.checks`) run the same ones through
-`check`, so the two can never disagree. The views read each event id once (`analysis.ledger`), so
+`check`, so the two can never disagree. The views read each event id once (`analysis.views`), so
 duplicates are counted in the stored rows (`duplicate_events`), not in the views.
 """
 
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import duckdb
 
-from analysis.ledger import sql
+from analysis.views import load_sql
 
 CHECKS: dict[str, str] = {
     "duplicates": "event ids stored more than once",
@@ -54,7 +54,7 @@ class Finding:
 
 def check(con: duckdb.DuckDBPyConnection, kind: str, run_id: str | None = None) -> Finding:
     """One of `CHECKS` over the ledger's views; `run_id` None: every run."""
-    return Finding(kind, CHECKS[kind], _rows(con, sql(f"verify_{kind}"), {"run_id": run_id}))
+    return Finding(kind, CHECKS[kind], _rows(con, load_sql(f"verify_{kind}"), {"run_id": run_id}))
 
 
 def verify(con: duckdb.DuckDBPyConnection, run_id: str | None = None,
@@ -74,7 +74,7 @@ def unconfirmed_outbox(con: duckdb.DuckDBPyConnection, outbox_dir: Path, run_id:
     if not pending:  # DuckDB cannot type an empty list parameter
         return Finding(OUTBOX, OUTBOX_WHAT)
     outboxes, event_ids, run_ids = map(list, zip(*pending, strict=True))
-    return Finding(OUTBOX, OUTBOX_WHAT, _rows(con, sql("verify_outbox"), {
+    return Finding(OUTBOX, OUTBOX_WHAT, _rows(con, load_sql("verify_outbox"), {
         "outboxes": outboxes, "event_ids": event_ids, "run_ids": run_ids, "run_id": run_id}))
 
 

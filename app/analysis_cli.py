@@ -84,8 +84,8 @@ def _check_params(wanted: set[str], given: dict[str, str]) -> None:
 
 def connect_ledger(ledger: str | None, run_id: str | None = None) -> duckdb.DuckDBPyConnection:
     """The read-only ledger views (`analysis.connect`); with `run_id`, exit 2 unless the run is there."""
-    from analysis.ledger import connect
     from analysis.runs import require_run
+    from analysis.views import connect
     from pipeline.settings import StackSettings
 
     settings = StackSettings().with_ledger(ledger)

@@ -94,32 +94,23 @@ def check_args(argv: list[str]) -> str | None:
     command = typer.main.get_command(app)
     args, parent, name = list(argv), None, "awrl"
     try:
-        while isinstance(command, typer.core.TyperGroup):
-            verb = next((i for i, a in enumerate(args) if a in command.commands), None)
-            if verb is None:
-                if command.invoke_without_command:  # `awrl runs` lists on its own
-                    command.make_context(name, args, parent=parent, resilient_parsing=False)
-                    return None
-                return f"no verb of `{name}` in {args}" if args else None
-            # the verb's name included: a group given no arguments would print its help
-            parent = command.make_context(name, args[:verb + 1], parent=parent, resilient_parsing=False)
-            name, command, args = f"{name} {args[verb]}", command.commands[args[verb]], args[verb + 1:]
-        ctx = command.make_context(name, args, parent=parent, resilient_parsing=False)
-        if command.name in run_cli.CONFIG_VERBS:
-            return _check_config_verb(command.name, ctx.args)
-    except typer.Exit:
+        # a --help in the arguments prints (and exits 0): not here
+        with contextlib.redirect_stdout(io.StringIO()):
+            while isinstance(command, typer.core.TyperGroup):
+                verb = next((i for i, a in enumerate(args) if a in command.commands), None)
+                if verb is None:
+                    if command.invoke_without_command:  # `awrl runs` lists on its own
+                        command.make_context(name, args, parent=parent, resilient_parsing=False)
+                        return None
+                    return f"no verb of `{name}` in {args}" if args else None
+                # the verb's name included: a group given no arguments would print its help
+                parent = command.make_context(name, args[:verb + 1], parent=parent, resilient_parsing=False)
+                name, command, args = f"{name} {args[verb]}", command.commands[args[verb]], args[verb + 1:]
+            command.make_context(name, args, parent=parent, resilient_parsing=False)  # tyro's verbs parse here too
+    except (typer.Exit, SystemExit):
         return None
     except typer.TyperException as exc:
         return exc.format_message()
-    return None
-
-
-def _check_config_verb(verb: str, args: list[str]) -> str | None:
-    try:
-        with contextlib.redirect_stdout(io.StringIO()):  # a --help in the arguments prints, then exits 0
-            run_cli.parse_args(verb, args)
-    except SystemExit:
-        return None
     except ConfigError as exc:  # tyro's usage errors too (`app.configs.parse`)
         return str(exc)
     return None

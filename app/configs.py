@@ -1,9 +1,10 @@
-"""Flags and config files of the verbs that run something: `awrl run`, `awrl demo`, `awrl train`.
+"""Flags and config files of the verbs that run something: `awrl run | demo | train | rollout | sft | eval`.
 
-Options are declared once, in the config objects (`RunConfig`, `LearningConfig`, `TrainConfig`, and
-what they hold): tyro derives every flag, its type, choices, default and help (the field's docstring)
-from them, nested configs with dotted names (`--train.lr`, `--rollout.episode.som`). So a field added
-to a config is a flag at once, and nothing is copied by hand.
+Options are declared once, in the config objects (`RunConfig`, `LearningConfig`, `TrainConfig`,
+`RolloutRequest`, `SFTConfig`, `EvalConfig`, and what they hold): tyro derives every flag, its type,
+choices, default and help (the field's docstring) from them, nested configs with dotted names
+(`--train.lr`, `--rollout.episode.som`). So a field added to a config is a flag at once, and nothing
+is copied by hand.
 
 `--config FILE` (YAML, e.g. what `awrl runs show RUN` prints) or `--config NAME` (a preset below)
 replaces the defaults first; flags given beside it override it. A run records its resolved config in
@@ -17,7 +18,7 @@ import io
 import os
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
@@ -30,8 +31,11 @@ from app.learning import LearningConfig, controlled
 from app.output import Format
 from app.training import RunConfig
 from pipeline.settings import stack_dir
+from rollout.evaluate import EvalConfig
+from rollout.run import RolloutRequest
 from trainer.config import TrainConfig
 from trainer.launch import Nodes
+from trainer.sft import SFTConfig
 
 T = TypeVar("T")
 Flat = tyro.conf.arg(name="")
@@ -71,6 +75,52 @@ class DemoCommand:
     """The summary as table (for people), json, csv or markdown."""
 
 
+def _rollout_from_env() -> RolloutRequest:
+    """`RolloutRequest`'s defaults, with the run id and the journal from the environment where set
+    (`AWRL_RUN_ID`, `AWRL_ROLLOUT_JOURNAL`: a pool process as deployed)."""
+    req = RolloutRequest()
+    if run_id := os.environ.get("AWRL_RUN_ID"):
+        req = replace(req, run_id=run_id)
+    if journal := os.environ.get("AWRL_ROLLOUT_JOURNAL"):
+        req = replace(req, journal_dir=Path(journal))
+    return req
+
+
+@dataclass(frozen=True)
+class RolloutCommand:
+    rollout: Annotated[RolloutRequest, Flat] = field(default_factory=_rollout_from_env)
+    forever: bool = False
+    """Run until interrupted (the same as --episodes None)."""
+    eta: int | None = None
+    """Staleness bound: dispatch only what a trainer with this eta (and --groups-per-update) can use."""
+    groups_per_update: int = TrainConfig.model_fields["groups_per_update"].default
+    """The trainer's groups per update (with --eta)."""
+    format: Format = Format.table
+    """The summary as table (for people), json, csv or markdown."""
+
+    def __post_init__(self) -> None:
+        if self.rollout.max_batch < 1:
+            raise ValueError(f"max-batch: must be at least 1, got {self.rollout.max_batch}")
+        if self.eta is not None and self.eta < 0:
+            raise ValueError(f"eta: must be at least 0, got {self.eta}")
+        if self.groups_per_update < 1:
+            raise ValueError(f"groups-per-update: must be at least 1, got {self.groups_per_update}")
+
+
+@dataclass(frozen=True)
+class SFTCommand:
+    sft: Annotated[SFTConfig, Flat] = SFTConfig(run_ids=[], out_dir=Path(".awrl/models/sft"))
+    format: Format = Format.table
+    """The summary as table (for people), json, csv or markdown."""
+
+
+@dataclass(frozen=True)
+class EvalCommand:
+    evaluation: Annotated[EvalConfig, Flat] = EvalConfig()
+    format: Format = Format.table
+    """The result as table (for people), json, csv or markdown."""
+
+
 PRESETS: dict[type, dict[str, Callable[[], Any]]] = {
     LearningConfig: {
         "demo": lambda: DEMO,
@@ -80,10 +130,13 @@ PRESETS: dict[type, dict[str, Callable[[], Any]]] = {
 """`--config NAME`: the configurations the project studies, by name (bench/RESULTS.md uses them).
 `controlled` is the controlled learning test (tests/test_learning.py); with
 `--train.control shuffled_rewards` it is its negative control."""
-COMMANDS: dict[str, type] = {"demo": DemoCommand, "run": RunCommand, "train": TrainCommand}
-"""The command object of each config-derived verb (`app.run_cli.CONFIG_VERBS`)."""
-WRAPPED = {TrainCommand: "train", RunCommand: "run", DemoCommand: "learning"}
-"""Each command's field holding the config that `--config` loads and `RunStarted` records."""
+COMMANDS: dict[str, type] = {"demo": DemoCommand, "run": RunCommand, "train": TrainCommand,
+                             "rollout": RolloutCommand, "sft": SFTCommand, "eval": EvalCommand}
+"""The command object of each verb that runs something (`app.run_cli.CONFIG_VERBS`)."""
+WRAPPED = {TrainCommand: "train", RunCommand: "run", DemoCommand: "learning", RolloutCommand: "rollout",
+           SFTCommand: "sft", EvalCommand: "evaluation"}
+"""Each command's field holding the config that `--config` loads (and, for the first three, that
+`RunStarted` records)."""
 
 
 def parse(command: type[T], args: Sequence[str], prog: str, description: str) -> T:

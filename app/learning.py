@@ -27,7 +27,7 @@ from analysis import connect
 from analysis.curves import learning_curve_png, success_by_version, version_curve_png
 from app.evaluation import CurvePoint, Evaluator, eval_split, sharpening_stage
 from app.training import RunConfig, RunSummary, record_start, run_training, set_by_run
-from model.policy import ensure_policy
+from model.hf_io import ensure_policy
 from model.tokenizer import HOME
 from pipeline.bus import EventProducer
 from pipeline.checkpoints import CheckpointStore

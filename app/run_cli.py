@@ -1,23 +1,26 @@
 """`awrl demo | run | train | rollout | sft | eval`: the verbs that run something.
 
-`demo`, `run` and `train` take their flags from their config objects (`app.configs`: every field is a
-flag, `--config FILE|NAME` loads a whole config first); they pass their raw arguments to tyro, so
-their `--help` is tyro's. `rollout`, `sft` and `eval` are small typer verbs over a few options.
+Each takes its flags from its command object (`app.configs.COMMANDS`: every field of the config it
+wraps is a flag, `--config FILE|NAME` loads a whole config first). Click hands the verb's raw arguments
+to tyro while it parses them (`ConfigVerb`), so `--help` is tyro's, a wrong flag fails before anything
+runs, and the verb reads the parsed object with `command_of`.
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from pathlib import Path
 
+import click
 import typer
+import typer.core
 
-from app.output import FORMAT, Format, console, emit_record, emit_rows, fail, human
-from schemas.observation import Difficulty, PolicyName, Split, SuiteName
+from app.output import Format, console, emit_record, emit_rows, fail, human
 
 RAW = {"context_settings": {"ignore_unknown_options": True, "allow_extra_args": True, "help_option_names": []},
        "add_help_option": False}
-"""Typer hands every argument to the verb, which parses them with tyro (`app.configs.parse`)."""
+"""Typer hands every argument to the verb's parser, tyro (`app.configs.parse`)."""
 
 CONFIG_VERBS: dict[str, str] = {
     "demo": ("The main job on the local stack: demonstrations -> SFT -> async RL -> ledger -> drift -> Dagster, "
@@ -26,15 +29,36 @@ CONFIG_VERBS: dict[str, str] = {
             "torchrun trainer, with live progress."),
     "train": ("Train on a live run's events with torchrun (FSDP2 over --nproc ranks); publish every version as "
               "an event + S3 checkpoint."),
+    "rollout": "Drive real browsers through a task suite with a policy; every step goes to the event log.",
+    "sft": "Behaviour cloning of the policy on the successful trajectories of demonstration runs.",
+    "eval": ("Held-out success rate with a 95% (Wilson) confidence interval; with --models, a paired evaluation: "
+             "every model on the same instances, and each one's difference to the first with a bootstrap "
+             "interval clustered by instance."),
 }
-"""The verbs whose flags come from their config objects (`app.configs.COMMANDS`), with their help."""
+"""Each verb's help; its flags come from its command object (`app.configs.COMMANDS`)."""
+_COMMAND = "awrl.command"
+"""Where `ConfigVerb` leaves the parsed command object (`click.Context.meta`)."""
 
 
-def parse_args(verb: str, args: list[str]):
-    """The command object of a config-derived verb (`app.configs.parse`; imports torch on use)."""
+def parse_verb(verb: str, args: list[str]):
+    """The command object of a verb from its arguments (`app.configs.parse`; imports torch on use)."""
     from app.configs import COMMANDS, parse
 
     return parse(COMMANDS[verb], args, f"awrl {verb}", CONFIG_VERBS[verb])
+
+
+class ConfigVerb(typer.core.TyperCommand):
+    """A verb parsed by tyro: a usage error (`ConfigError`) or `--help` (exit 0) happens while click
+    makes the verb's context, so `cli.check_args` checks these verbs like any other."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        ctx.meta[_COMMAND] = parse_verb(self.name, args)
+        return super().parse_args(ctx, [])
+
+
+def command_of(ctx: typer.Context):
+    """The verb's command object, as `ConfigVerb` parsed it."""
+    return ctx.meta[_COMMAND]
 
 
 def demo(ctx: typer.Context) -> None:
@@ -42,7 +66,7 @@ def demo(ctx: typer.Context) -> None:
     from app.demo import run_demo
     from app.stacks import find_or_start
 
-    cmd = parse_args("demo", ctx.args)
+    cmd = command_of(ctx)
     settings, stack, started = find_or_start(cmd.data_dir, console.status)
     try:
         summary = run_demo(settings, cmd.learning, say=console.print)
@@ -67,7 +91,7 @@ def run(ctx: typer.Context) -> None:
     from app.stacks import find_or_start
     from app.training import run_training
 
-    cmd = parse_args("run", ctx.args)
+    cmd = command_of(ctx)
     config = cmd.run
     settings, _, _ = find_or_start(cmd.data_dir, console.status)
     with Live(console=console, refresh_per_second=2, transient=cmd.format is not Format.table) as live:
@@ -92,7 +116,7 @@ def train(ctx: typer.Context) -> None:
     from pipeline.settings import StackSettings
     from trainer.launch import launch
 
-    cmd = parse_args("train", ctx.args)
+    cmd = command_of(ctx)
     nodes = cmd.nodes
     if not cmd.train.run_id:
         raise fail("--run-id is required (or AWRL_RUN_ID): the run whose groups to train on")
@@ -108,156 +132,98 @@ def train(ctx: typer.Context) -> None:
     raise typer.Exit(launch(cmd.train, cmd.nproc, nodes=nodes))
 
 
-def rollout(
-    suite: SuiteName = typer.Option("sites", help="Task suite: sites (our multi-page sites), miniwob or boxes."),
-    policy: PolicyName = typer.Option("oracle", help="Policy backend: oracle, random, local, vllm, demo (oracle "
-                                              "actions as the local model's tokens)."),
-    noise: float = typer.Option(0.0, help="demo policy: probability of a random action per step."),
-    workers: int = typer.Option(4, help="Browsers kept alive in this process."),
-    group_size: int = typer.Option(4, "--group-size", "-g", help="Episodes per task group (GRPO's G)."),
-    episodes: int = typer.Option(16, help="Stop after this many episodes (whole groups)."),
-    forever: bool = typer.Option(False, help="Run until interrupted (overrides --episodes)."),
-    dispatch: bool = typer.Option(True, help="Also dispatch task groups (off when a dispatcher runs elsewhere)."),
-    som: bool = typer.Option(False, help="Set-of-Mark observations instead of pure pixels."),
-    split: Split = typer.Option("train", help="Task split to dispatch."),
-    difficulty: Difficulty | None = typer.Option(None, help="Dispatch only tasks of this difficulty."),
-    run_id: str = typer.Option("", envvar="AWRL_RUN_ID", help="Run id (default: a new one)."),
-    model_dir: Path = typer.Option(None, help="HF model directory: --policy local's weights; with --policy vllm, "
-                                              "reloaded into the server as version 0."),
-    vllm_url: str = typer.Option(None, help="OpenAI-compatible vLLM server for --policy vllm."),
-    eta: int = typer.Option(None, help="Staleness bound: dispatch only what a trainer with this eta can use."),
-    groups_per_update: int = typer.Option(4, help="The trainer's groups per update (with --eta)."),
-    seed: int = typer.Option(0),
-    max_batch: int = typer.Option(64, min=1, help="--policy local: most waiting prompts decoded together "
-                                                  "(1: each alone)."),
-    journal: Path = typer.Option(Path(".awrl/rollout-journal"), envvar="AWRL_ROLLOUT_JOURNAL",
-                                 help="Open-episode journals of this host's pools (a killed pool's episodes "
-                                      "are ended as env_error by the next pool)."),
-    format: Format = FORMAT,  # noqa: A002 - the option's name
-) -> None:
-    """Drive real browsers through a task suite with a policy; every step goes to the event log."""
+def rollout(ctx: typer.Context) -> None:
     from pipeline.settings import StackSettings
-    from rollout.episode import EpisodeConfig
-    from rollout.run import RolloutRequest, run_rollout
+    from rollout.run import run_rollout
     from trainer.staleness import StalenessBudget
 
-    _require_model_dir(model_dir)
-    req = RolloutRequest(suite=suite, policy=policy, workers=workers, group_size=group_size,
-                         episodes=None if forever else episodes, dispatch=dispatch, split=split,
-                         difficulty=difficulty, run_id=run_id, seed=seed, model_dir=model_dir, vllm_url=vllm_url,
-                         episode=EpisodeConfig(som=som), noise=noise, journal_dir=journal, max_batch=max_batch)
-    budget = None if eta is None else StalenessBudget(eta, groups_per_update)
+    cmd = command_of(ctx)
+    req = replace(cmd.rollout, episodes=None) if cmd.forever else cmd.rollout
+    _require_model_dir(req.model_dir)
+    budget = None if cmd.eta is None else StalenessBudget(cmd.eta, cmd.groups_per_update)
     stats = run_rollout(StackSettings(), req, admission=budget)
     emit_record({"episodes": stats.episodes, "success": stats.successes / max(stats.episodes, 1),
-                 "env_errors": stats.env_errors, "steps": stats.steps, "steps_per_s": stats.steps_per_s}, format)
+                 "env_errors": stats.env_errors, "steps": stats.steps, "steps_per_s": stats.steps_per_s}, cmd.format)
 
 
-def sft(
-    run_id: list[str] = typer.Option(..., "--run-id", help="Demonstration run(s) in the ledger (repeatable)."),
-    out: Path = typer.Option(Path(".awrl/models/sft"), help="Where the warm-started model directory goes."),
-    model_dir: Path = typer.Option(None, help="Initial model (default: the tiny VLM)."),
-    epochs: int = typer.Option(3),
-    lr: float = typer.Option(1e-3),
-    batch_steps: int = typer.Option(16, help="Demonstration steps per optimizer step."),
-    format: Format = FORMAT,  # noqa: A002 - the option's name
-) -> None:
-    """Behaviour cloning of the policy on the successful trajectories of demonstration runs."""
+def sft(ctx: typer.Context) -> None:
     from rich.progress import Progress
 
     from analysis import connect
     from analysis.runs import require_run
     from pipeline.settings import StackSettings
-    from trainer.sft import SFTConfig, train_sft
+    from trainer.sft import train_sft
 
-    _require_model_dir(model_dir)
+    cmd = command_of(ctx)
+    config = cmd.sft
+    if not config.run_ids:
+        raise fail("--run-ids is required: the demonstration run(s) in the ledger")
+    _require_model_dir(config.model_dir)
     settings = StackSettings()
     con = connect(settings)
-    for run in run_id:
+    for run in config.run_ids:
         require_run(con, run)
-    config = SFTConfig(run_ids=run_id, out_dir=out, model_dir=model_dir, epochs=epochs, lr=lr, batch_steps=batch_steps)
     with Progress(console=console, transient=True, disable=not console.is_terminal) as progress:
         task = progress.add_task("sft", total=None)
         result = train_sft(settings, config, on_step=lambda i, n, loss: progress.update(
             task, completed=i, total=n, description=f"sft  loss {loss:.3f}"))
     emit_record({"demonstration_steps": result.demonstrations, "loss_first": result.losses[0],
-                 "loss_last": result.losses[-1], "model_dir": str(result.out_dir)}, format)
+                 "loss_last": result.losses[-1], "model_dir": str(result.out_dir)}, cmd.format)
 
 
-def evaluate(
-    policy: PolicyName = typer.Option("local", help="Policy backend (see rollout)."),
-    model_dir: Path = typer.Option(None, help="HF model directory for --policy local."),
-    suite: SuiteName = typer.Option("sites"),
-    split: Split = typer.Option("heldout"),
-    difficulty: Difficulty | None = typer.Option("easy"),
-    episodes: int = typer.Option(100, help="Independent episodes (without --model)."),
-    workers: int = typer.Option(2),
-    som: bool = typer.Option(True, help="Set-of-Mark observations."),
-    temperature: float = typer.Option(1.0, help="Sampling temperature (independent episodes need > 0)."),
-    model: list[Path] = typer.Option(None, "--model", help="Paired evaluation: a model directory (repeat it for "
-                                                              "each policy); every one runs the same instances."),
-    label: list[str] = typer.Option(None, "--label", help="Name of each --model, in order (default: its folder)."),
-    model_temperature: list[float] = typer.Option(None, "--model-temperature",
-                                                  help="Temperature of each --model, in order (default: "
-                                                       "--temperature)."),
-    samples: int = typer.Option(4, min=1, help="--model: episodes per instance."),
-    instances: int = typer.Option(None, min=1, help="--model: the first N instances of a fixed seeded order of "
-                                                    "the split (default: all)."),
-    run_id: str = typer.Option("", help="Evaluation run id (default: a new one); a --model's episodes are the "
-                                        "run <run-id>-<label>."),
-    format: Format = FORMAT,  # noqa: A002 - the option's name
-) -> None:
-    """Held-out success rate with a 95% (Wilson) confidence interval; with --model (repeated), a paired
-    evaluation: every model on the same instances, and each one's difference to the first with a
-    bootstrap interval clustered by instance."""
+def evaluate(ctx: typer.Context) -> None:
     from pipeline.settings import StackSettings
     from rollout.evaluate import evaluate as run_eval
 
-    _require_model_dir(model_dir)
-    if model:
-        if model_dir is not None or policy != "local":
-            raise fail("--model evaluates model directories with the local policy: leave out --model-dir and --policy")
-        policies = _paired_policies(model, label or [], model_temperature or [], temperature)
-        _paired(StackSettings(), policies, suite, split, difficulty, instances, samples, workers, som, run_id, format)
+    cmd = command_of(ctx)
+    c = cmd.evaluation
+    _require_model_dir(c.model_dir)
+    if c.models:
+        if c.model_dir is not None or c.policy != "local":
+            raise fail("--models evaluates model directories with the local policy: leave out --model-dir and "
+                       "--policy")
+        _paired(StackSettings(), c, _paired_policies(c), cmd.format)
         return
-    if label or model_temperature:
-        raise fail("--label and --model-temperature name the --model policies of a paired evaluation: add --model DIR")
-    result = run_eval(StackSettings(), policy, model_dir, suite, split, difficulty, episodes, workers, som, temperature,
-                      run_id=run_id)
+    if c.labels or c.model_temperatures:
+        raise fail("--labels and --model-temperatures name the --models of a paired evaluation: add --models DIR")
+    result = run_eval(StackSettings(), c.policy, c.model_dir, c.suite, c.split, c.difficulty, c.episodes, c.workers,
+                      c.som, c.temperature, run_id=c.run_id, templates=c.templates)
     low, high = result.ci95
     emit_record({"run_id": result.run_id, "episodes": result.episodes, "successes": result.successes,
-                 "success": result.rate, "ci95_low": low, "ci95_high": high}, format,
+                 "success": result.rate, "ci95_low": low, "ci95_high": high}, cmd.format,
                 title=f"{result.run_id}: success {human(result.rate)} [{human(low)}, {human(high)}]")
 
 
-def _paired_policies(models: list[Path], labels: list[str], temperatures: list[float], temperature: float) -> list:
-    """The `EvalPolicy` of each --model, its label and temperature matched by position."""
+def _paired_policies(c) -> list:
+    """The `EvalPolicy` of each of `c.models` (an `EvalConfig`), its label and temperature matched by position."""
     from rollout.evaluate import EvalPolicy, run_label
 
-    for flag, given in (("--label", labels), ("--model-temperature", temperatures)):
+    models, labels, temperatures = list(c.models), list(c.labels), list(c.model_temperatures)
+    for flag, given in (("--labels", labels), ("--model-temperatures", temperatures)):
         if given and len(given) != len(models):
-            raise fail(f"{len(given)} {flag} for {len(models)} --model: give one for each --model, in order, or none")
+            raise fail(f"{len(given)} {flag} for {len(models)} --models: give one for each of --models, in order, "
+                       "or none")
     for m in models:
-        _require_model_dir(m, "--model")
-    temperatures = temperatures or [temperature] * len(models)
+        _require_model_dir(m, "--models")
+    temperatures = temperatures or [c.temperature] * len(models)
     if not labels:  # the folder's name; the temperature too where a folder comes twice
         names = [m.name for m in models]
         labels = [n if names.count(n) == 1 else f"{n}-t{t:g}" for n, t in zip(names, temperatures)]
     runs = [run_label(x) for x in labels]
     if len(set(runs)) < len(runs):
-        raise fail(f"--label: each --model needs a label of its own, got {', '.join(labels)}")
+        raise fail(f"--labels: each of --models needs a label of its own, got {', '.join(labels)}")
     return [EvalPolicy(x, m, t) for x, m, t in zip(labels, models, temperatures)]
 
 
-def _paired(settings, policies, suite, split, difficulty, instances, samples, workers, som, run_id,
-            fmt: Format) -> None:
+def _paired(settings, c, policies, fmt: Format) -> None:
     from rollout.evaluate import evaluate_paired, instance_ids
 
     try:
-        instance_ids(suite, split, difficulty, None, instances)
+        instance_ids(c.suite, c.split, c.difficulty, c.templates, c.instances)
     except ValueError as exc:  # no task of the split fits the filters
         raise fail(str(exc)) from None
-    paired = evaluate_paired(settings, policies, suite, split, difficulty, None, instances, samples, workers, som,
-                             run_id)
+    paired = evaluate_paired(settings, policies, c.suite, c.split, c.difficulty, c.templates, c.instances, c.samples,
+                             c.workers, c.som, c.run_id)
     rows = []
     for i, p in enumerate(paired.policies):
         total = p.total
@@ -267,8 +233,8 @@ def _paired(settings, policies, suite, split, difficulty, instances, samples, wo
     columns = ["policy", "temperature", "episodes", "successes", "success", "ci95_low", "ci95_high",
                "invalid_actions", "env_errors", "minus_first", "minus_first_low", "minus_first_high", "run_id"]
     emit_rows(columns, rows, fmt, title=(
-        f"{paired.run_id}: {len(paired.task_ids)} instances x {samples} episodes, {suite} {split} "
-        f"{difficulty or ''} (success: Wilson 95%; minus first: paired bootstrap 95% over instances)"))
+        f"{paired.run_id}: {len(paired.task_ids)} instances x {c.samples} episodes, {c.suite} {c.split} "
+        f"{c.difficulty or ''} (success: Wilson 95%; minus first: paired bootstrap 95% over instances)"))
 
 
 def _require_model_dir(model_dir: Path | None, flag: str = "--model-dir") -> None:
@@ -278,8 +244,6 @@ def _require_model_dir(model_dir: Path | None, flag: str = "--model-dir") -> Non
 
 def register(app: typer.Typer) -> None:
     """Add the verbs that run something to the main `awrl` CLI."""
-    for verb, function in (("demo", demo), ("run", run), ("train", train)):
-        app.command(verb, help=f"{CONFIG_VERBS[verb]} Flags: `awrl {verb} --help`.", **RAW)(function)
-    app.command("rollout")(rollout)
-    app.command("sft")(sft)
-    app.command("eval")(evaluate)
+    for verb, function in (("demo", demo), ("run", run), ("train", train), ("rollout", rollout), ("sft", sft),
+                           ("eval", evaluate)):
+        app.command(verb, cls=ConfigVerb, help=f"{CONFIG_VERBS[verb]} Flags: `awrl {verb} --help`.", **RAW)(function)

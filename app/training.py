@@ -18,7 +18,6 @@ from __future__ import annotations
 import logging
 import os
 import socket
-import subprocess
 import sys
 import threading
 import time
@@ -31,12 +30,12 @@ from typing import Literal
 import psutil
 from pydantic import TypeAdapter
 
-from model.policy import ensure_policy
+from model.hf_io import ensure_policy
 from pipeline.bus import EventProducer
 from pipeline.history import follow_run
 from pipeline.ledger import LedgerWriter
 from pipeline.settings import StackSettings
-from pipeline.stack.process import free_port
+from pipeline.stack.process import free_port, start_child, stop_child
 from pipeline.topics import TRAINER
 from rollout.episode import EpisodeConfig
 from rollout.pool import PoolStats
@@ -238,8 +237,7 @@ def run_training(settings: StackSettings, config: RunConfig, on_progress=None, r
     watcher.start()
     tensorboard = LiveTensorBoard(settings, run_id, config.tensorboard) if config.tensorboard else None
     with open(logs / "trainer.log", "w") as tlog, open(logs / "ledger.log", "w") as llog:
-        ledger = subprocess.Popen([sys.executable, "-m", "app.cli", "ledger", "sync", "--follow"], env=env,
-                                  stdout=llog, stderr=subprocess.STDOUT, start_new_session=True)
+        ledger = start_child([sys.executable, "-m", "app.cli", "ledger", "sync", "--follow"], env, llog)
         trainer = launch.start(train, config.nproc, env, log=tlog, cpus=config.trainer_cpus)
         progress.started = time.monotonic()
         deadline = progress.started + config.minutes * 60
@@ -252,9 +250,9 @@ def run_training(settings: StackSettings, config: RunConfig, on_progress=None, r
         finally:
             seconds = time.monotonic() - progress.started
             stop.set()
-            launch.stop(trainer)
+            stop_child(trainer)
             ledger_cpu_s = _cpu_seconds(ledger.pid)
-            launch.stop(ledger)
+            stop_child(ledger)
     LedgerWriter(settings).sync(idle_exit_s=3.0)  # drain: the whole run is in the ledger
     informative = _informative_groups(settings, run_id)
     producer.close()
@@ -271,7 +269,7 @@ def run_training(settings: StackSettings, config: RunConfig, on_progress=None, r
 def _informative_groups(settings: StackSettings, run_id: str):
     """The run's informative groups from the drained ledger (`analysis/sql/informative_groups.sql`)."""
     from analysis.informative import informative_groups
-    from analysis.ledger import connect
+    from analysis.views import connect
 
     con = connect(settings, run_id=run_id)
     try:
@@ -298,7 +296,7 @@ class LiveTensorBoard:
         self.thread.start()
 
     def _sync(self) -> None:
-        from analysis.ledger import connect
+        from analysis.views import connect
 
         con = connect(self.settings, run_id=self.run_id)
         try:

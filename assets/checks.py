@@ -13,9 +13,9 @@ from collections import Counter
 import dagster as dg
 import pyarrow as pa
 
-from analysis.ledger import connect
 from analysis.verify import check
-from assets.io import Ledger, sql
+from analysis.views import connect
+from assets.io import Ledger, run_query
 from assets.tables import groups, policy_versions, steps, trajectories, updates
 
 
@@ -26,7 +26,8 @@ def _result(bad: list, what: str, severity=dg.AssetCheckSeverity.ERROR) -> dg.As
 
 
 def _unique(table: pa.Table, key: str) -> dg.AssetCheckResult:
-    bad = sql(f"select {key}, count(*) as n from t group by {key} having n > 1 order by {key}", t=table).to_pylist()
+    bad = run_query(f"select {key}, count(*) as n from t group by {key} having n > 1 order by {key}",
+                    t=table).to_pylist()
     return _result(bad, f"{key} unique")
 
 
@@ -95,7 +96,7 @@ def token_versions_match_their_step(context: dg.AssetCheckExecutionContext, step
     the run published, is a mislabelled token (the trainer would weigh it with the wrong staleness)."""
     published = ledger.events(context.partition_key, "PolicyVersionPublished", ["version"]).column("version")
     newest = max(published.to_pylist(), default=0)
-    bad = sql(f"""select trajectory_id, step, policy_version, min_token_version, max_token_version from s
+    bad = run_query(f"""select trajectory_id, step, policy_version, min_token_version, max_token_version from s
                   where min_token_version < policy_version or max_token_version > {int(newest)}
                   order by trajectory_id, step""", s=steps).to_pylist()
     return _result(bad, f"policy_version <= token versions <= {newest} (the newest published)")
@@ -105,7 +106,7 @@ def token_versions_match_their_step(context: dg.AssetCheckExecutionContext, step
 def staleness_within_eta(updates: pa.Table) -> dg.AssetCheckResult:
     """No optimizer step trained on a token more than its config's eta versions old: the bounded
     staleness the admission rule (`trainer.staleness`) promises, checked on what was recorded."""
-    bad = sql("""select update_step, version_before, staleness_max, json_extract(config_json, '$.eta')::int as eta
+    bad = run_query("""select update_step, version_before, staleness_max, json_extract(config_json, '$.eta')::int as eta
                  from u where staleness_max > json_extract(config_json, '$.eta')::int
                  order by update_step""", u=updates).to_pylist()
     return _result(bad, "stats.staleness_max <= config eta")
@@ -113,11 +114,11 @@ def staleness_within_eta(updates: pa.Table) -> dg.AssetCheckResult:
 
 @dg.asset_check(asset=steps)
 def dead_letters(context: dg.AssetCheckExecutionContext, ledger: Ledger) -> dg.AssetCheckResult:
-    """Messages the consumers refused (`pipeline.bus`: malformed, or on the wrong topic) that name this
+    """Messages the consumers refused (`pipeline.consumer`: malformed, or on the wrong topic) that name this
     run or no run at all, with their reasons: a warning, since nothing was lost (the ledger keeps each,
     `pipeline.ledger.read_dead_letters`), but each is an event the tables above do not show. Read from
     the ledger's durable copy, not the broker's topic (in memory on the local stack)."""
-    from pipeline.bus import message_run_id
+    from pipeline.consumer import message_run_id
     from pipeline.ledger import read_dead_letters
 
     rows = read_dead_letters(ledger.settings()).select(["source_topic", "reason", "value"]).to_pylist()

@@ -8,7 +8,7 @@ The columns are the event's Arrow schema (`schemas.arrow_schema`), the one the w
 import dagster as dg
 import pyarrow as pa
 
-from analysis.ledger import RAW_VIEWS
+from analysis.views import RAW_VIEWS
 from assets.partitions import runs
 
 

@@ -18,8 +18,8 @@ import pyarrow.parquet as pq
 
 from pipeline.files import write_atomic
 from pipeline.ledger import ledger_filesystem, read_events
+from pipeline.s3 import minio_client
 from pipeline.settings import StackSettings
-from pipeline.store import minio_client
 
 
 class Ledger(dg.ConfigurableResource):
@@ -58,7 +58,7 @@ class Ledger(dg.ConfigurableResource):
         return {run: {t: "-".join(map(str, a)) for t, a in sorted(types.items())} for run, types in sorted(acc.items())}
 
 
-def sql(query: str, **tables: pa.Table) -> pa.Table:
+def run_query(query: str, **tables: pa.Table) -> pa.Table:
     """Run DuckDB SQL over in-memory Arrow tables (each keyword becomes a view of that name)."""
     con = duckdb.connect()
     con.execute("SET TimeZone = 'UTC'")  # timestamps keep the ledger's `UTC` zone, not `Etc/UTC`

@@ -18,7 +18,7 @@ import time
 
 import dagster as dg
 
-from analysis.ledger import RAW_VIEWS
+from analysis.views import RAW_VIEWS
 from assets.io import Ledger
 from assets.partitions import runs
 

@@ -22,9 +22,9 @@ import pyarrow as pa
 from analysis.browse import page_url
 from analysis.curves import evaluation_points, success_by_version
 from analysis.drift import DriftReport, drift_metrics
-from analysis.ledger import connect
+from analysis.views import connect
 from assets.events import table_schema
-from assets.io import Ledger, sql
+from assets.io import Ledger, run_query
 from assets.partitions import runs
 
 VIEW_KINDS = {"duckdb", "parquet"}
@@ -78,8 +78,9 @@ def trajectories(context: dg.AssetExecutionContext, ledger: Ledger) -> dg.Output
     table = view_rows(ledger, context.partition_key, "trajectories", "started_at nulls last, trajectory_id")
     n = table.num_rows - table.column("finished_at").null_count
     window = max(1, min(32, n // 4))
-    curve = sql(f"""select avg((outcome = 'success')::int) over (order by finished_at rows {window - 1} preceding) as r
-                    from t where finished_at is not null order by finished_at""", t=table).column("r").to_pylist()
+    curve = run_query(f"""select avg((outcome = 'success')::int)
+                            over (order by finished_at rows {window - 1} preceding) as r
+                          from t where finished_at is not null order by finished_at""", t=table).column("r").to_pylist()
     metadata = {"finished": n, "success_rate": table.column("outcome").to_pylist().count("success") / n if n else 0.0}
     if n:
         metadata["success_rate_curve"] = plot_md(f"success rate (rolling {window})", list(range(1, n + 1)),
@@ -126,17 +127,17 @@ def updates(context: dg.AssetExecutionContext, ledger: Ledger) -> dg.Output[pa.T
 def throughput(steps: pa.Table, trajectories: pa.Table) -> dg.Output[pa.Table]:
     """Steps/s and finished trajectories/hour per minute of the run, and over the whole run: the
     system-side numbers asynchronous rollout exists to raise."""
-    table = sql("""
+    table = run_query("""
         with s as (select date_trunc('minute', emitted_at) as minute, count(*) as n from steps group by 1),
              t as (select date_trunc('minute', finished_at) as minute, count(*) as n from trajectories
                    where finished_at is not null group by 1)
         select minute, coalesce(s.n, 0) as steps, coalesce(t.n, 0) as trajectories_finished,
                coalesce(s.n, 0) / 60.0 as steps_per_s, coalesce(t.n, 0) * 60::double as trajectories_per_hour
         from s full join t using (minute) order by minute""", steps=steps, trajectories=trajectories)
-    overall = sql("""
+    overall = run_query("""
         select count(*) as steps, epoch(max(emitted_at) - min(emitted_at)) as seconds,
                (select count(finished_at) from trajectories) as finished from steps""",
-                  steps=steps, trajectories=trajectories).to_pylist()[0]
+                        steps=steps, trajectories=trajectories).to_pylist()[0]
     seconds = overall["seconds"] or 0.0
     return output(table, run_seconds=seconds, steps_per_s=overall["steps"] / seconds if seconds else 0.0,
                   trajectories_per_hour=overall["finished"] * 3600 / seconds if seconds else 0.0)

@@ -40,7 +40,7 @@ def _worker(model_dir: str, reps: int, out: str) -> None:
     from torch.distributed.checkpoint.state_dict import get_state_dict
     from torch.distributed.device_mesh import init_device_mesh
 
-    from model.policy import load_policy
+    from model.hf_io import load_policy
     from pipeline.checkpoints import CheckpointStore
     from pipeline.settings import StackSettings
     from trainer.sharding import FSDPOptimizer, shard_model

@@ -31,8 +31,8 @@ OUT = Path(__file__).parent / "out"
 
 
 def main(minutes: float = 4.0, policy: str = "demo", noise: float = 0.5, workers: int = 2) -> None:
-    from analysis.ledger import connect
     from analysis.timeline import timeline_png
+    from analysis.views import connect
     from app.training import RunConfig, run_training
     from pipeline.stack.local import LocalStack
     from trainer.config import TrainConfig

@@ -56,7 +56,7 @@ def core_busy(before, after) -> list[float]:
 
 def main(minutes: float = 3.0, workers: int = 2) -> None:
     from app.training import RunConfig, run_training
-    from model.policy import ensure_policy
+    from model.hf_io import ensure_policy
     from pipeline.stack.local import LocalStack
     from pipeline.stack.vllm import VLLMServerConfig
     from trainer.config import TrainConfig

@@ -27,7 +27,8 @@ import zstandard
 from rich.console import Console
 from rich.table import Table
 
-from pipeline.bus import EventConsumer, EventProducer, create_topics
+from pipeline.bus import EventProducer, create_topics
+from pipeline.consumer import EventConsumer
 from pipeline.stack.local import LocalStack
 from pipeline.store import ScreenshotStore
 from pipeline.topics import ROLLOUT

@@ -58,7 +58,7 @@ GUESTS = 3
 STOP_EVERY = 4
 """Every this many `writers_churn`, also a `writer_stop`."""
 STOP_S = 15.0
-"""How long `writer_stop` holds a writer: past its consumer's 6 s session (`pipeline.bus`), so the
+"""How long `writer_stop` holds a writer: past its consumer's 6 s session (`pipeline.consumer`), so the
 group has handed its partitions to the others when it resumes with the records it held."""
 ROWS = (*FAULTS, *REBALANCE, "rebalance")
 """The loaded matrix's rows: each fault alone, once; `rebalance`: the `REBALANCE` schedule alone."""
@@ -126,7 +126,7 @@ class Soak:
                                      "--workers", "4", "--group-size", "2", "--forever", "--run-id", run_id,
                                      "--eta", str(ETA),
                                      "--groups-per-update", "2", "--difficulty", "easy",
-                                     "--journal", str(workdir / "journal")], env, logs / "pool.log")
+                                     "--journal-dir", str(workdir / "journal")], env, logs / "pool.log")
         self.writers = [Service(f"writer{i}", [*awrl, "ledger", "sync", "--follow"], env, logs / f"writer{i}.log")
                         for i in range(2)]
         self.trainer = Service("trainer", [*awrl, "train", "--run-id", run_id, "--nproc", "2", "--groups-per-update",

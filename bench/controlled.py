@@ -51,7 +51,8 @@ def main(targets: str = "red,blue,green,black,colour", seeds: int = 3, first_see
     from analysis.replay import parse_values, set_fields
     from app.learning import _published, controlled, controlled_warm_start, run_learning
     from pipeline.checkpoints import CheckpointStore
-    from pipeline.store import ScreenshotStore, remove_bucket
+    from pipeline.s3 import remove_bucket
+    from pipeline.store import ScreenshotStore
 
     rows, curves = [], {}
     tag = tag or (f"-kl{kl_coef:g}" if kl_coef is not None else "")

@@ -89,8 +89,8 @@ def main(model: Path = typer.Option(..., help="the warm start's model directory"
          every: int = 20, layouts: int = 16, adam_eps: float = 1e-8, anchor: float = 1.0, seed: int = 0,
          tag: str = "") -> None:
     from analysis.probe import colour_probe
+    from model.hf_io import load_policy, save_policy
     from model.inputs import suppressed_token_ids
-    from model.policy import load_policy, save_policy
     from rollout.suites.boxes.suite import COLOURS, TEST_SEED, BoxesSuite
 
     rows = []

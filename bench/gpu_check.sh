@@ -44,7 +44,7 @@ timeout 1500 "$PY" -m pytest -q -s -p no:cacheprovider --junitxml="$OUT/junit.xm
   2>&1 | tee "$OUT/pytest.txt"
 rc=${PIPESTATUS[0]}
 work=$(mktemp -d /tmp/gpu_check_model.XXXXXX)  # a 2B directory is too big to return in $OUT
-"$PY" -c "import sys; from model.architectures import make_policy; from model.policy import save_policy; \
+"$PY" -c "import sys; from model.architectures import make_policy; from model.hf_io import save_policy; \
 save_policy(*make_policy('qwen3-vl-2b', seed=3), sys.argv[1])" "$work/qwen3-vl-2b" &&
   OUT=$OUT timeout 900 "$PY" bench/vllm_push.py --model-dir "$work/qwen3-vl-2b" 2>&1 | tail -n 40 | tee "$OUT/vllm_push.txt"
 push_rc=${PIPESTATUS[0]}

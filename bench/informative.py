@@ -30,7 +30,7 @@ from rich.console import Console
 from rich.table import Table
 
 from analysis.informative import informative_groups
-from analysis.ledger import connect
+from analysis.views import connect
 from pipeline.ledger import LedgerWriter
 from pipeline.stack.local import LocalStack
 from rollout.curriculum import CurriculumConfig

@@ -35,7 +35,7 @@ OUT = Path(__file__).parent / "out"
 
 
 def main(episodes: int = 12, reps: int = 3) -> None:
-    from pipeline.bus import read_log
+    from pipeline.consumer import read_log
     from pipeline.stack.local import LocalStack
     from pipeline.store import ScreenshotStore
     from pipeline.topics import ROLLOUT

@@ -87,7 +87,7 @@ def stages(settings, batch: int = 2_000) -> dict[str, dict[str, float]]:
 
     import gc
 
-    from pipeline.bus import _rejection, read_records
+    from pipeline.consumer import _rejection, read_records
     from pipeline.topics import ROLLOUT
     from schemas import StepRecorded, decode_event, events_to_table
     from schemas.columnar import columnar_table, decode_columnar

@@ -8,7 +8,7 @@ plus a journal as a running writer leaves it: one entry per source partition (4 
 one file of the last flush. Each start-up runs in a fresh process, both at each size, side by side:
 
   index    the former writer: every `event_id` of every file into one set (what `_load_index` did)
-  journal  this writer: `LedgerWriter(...)` and the assignment of all 13 partitions (`pipeline.journal`)
+  journal  this writer: `LedgerWriter(...)` and the assignment of all 13 partitions (`pipeline.ledger_journal`)
 
 Reported: wall time and the process's peak RSS over its baseline (after imports). Writes
 bench/out/ledger_startup.json.
@@ -38,8 +38,8 @@ def generate(root: Path, events: int) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from pipeline.journal import Journal
     from pipeline.ledger import ledger_filesystem
+    from pipeline.ledger_journal import Journal
     from pipeline.settings import StackSettings
 
     files = []

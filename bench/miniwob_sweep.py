@@ -84,7 +84,7 @@ def main(rl_minutes: float = 6.0, eval_episodes: int = 200, demo_episodes: int =
 def _invalid_shares(settings, eval_run_ids: list[str]) -> dict[str, float]:
     """The share of invalid actions among each evaluation run's steps (the ledger's `steps` view): the
     sign of a worn output format, which success alone does not separate from a wrong choice."""
-    from analysis.ledger import connect
+    from analysis.views import connect
     from pipeline.ledger import LedgerWriter
 
     try:  # a column, not the sweep: its results must survive a failure here

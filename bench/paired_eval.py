@@ -9,7 +9,7 @@ split, `--samples` episodes an instance. Prints each policy's success (Wilson 95
 share, and its difference to the first policy with a bootstrap 95% interval clustered by instance;
 writes bench/out/paired_eval.json. Without `--model`: the untrained tiny VLM at temperature 1 against
 itself at 0.5 on the boxes suite (no browser), 8 instances x 2 episodes: a smoke run of a minute or so.
-`awrl eval --model DIR --model DIR` does the same on a running stack.
+`awrl eval --models DIR DIR` does the same on a running stack.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ def main(model: list[Path] = typer.Option(None, "--model", help="A model directo
          temperature: list[float] = typer.Option(None, "--temperature", help="Temperature of each --model, in order."),
          suite: str = "boxes", split: str = "test", difficulty: str | None = None, instances: int = 8,
          samples: int = 2, workers: int = 4) -> None:
-    from model.policy import ensure_policy
+    from model.hf_io import ensure_policy
     from rollout.evaluate import EvalPolicy, evaluate_paired
 
     models = model or [ensure_policy()] * 2

@@ -42,7 +42,7 @@ from rich.console import Console
 from rich.table import Table
 from transformers.utils import logging as hf_logging
 
-from model.policy import ensure_policy, load_policy, save_policy, stored_weights
+from model.hf_io import ensure_policy, load_policy, save_policy, stored_weights
 from model.push import WeightSender
 from pipeline.checkpoints import CheckpointStore
 from pipeline.hashing import weights_sha256

@@ -48,7 +48,7 @@ def build_model(size: str, out: Path) -> Path:
     from transformers import Qwen3VLForConditionalGeneration
 
     from model.architectures import build_config, make_image_processor
-    from model.policy import save_policy
+    from model.hf_io import save_policy
     from model.tokenizer import train_tokenizer
 
     tokenizer = train_tokenizer()
@@ -89,8 +89,8 @@ def worker(batch_path: str, model_dir: str, mode: str, reps: int, out_path: str)
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
+    from model.hf_io import load_policy
     from model.inputs import suppressed_token_ids
-    from model.policy import load_policy
     from pipeline.settings import StackSettings
     from pipeline.store import ScreenshotStore
     from trainer.config import TrainConfig

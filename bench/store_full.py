@@ -5,7 +5,7 @@
 One fresh local stack (memstore, 4 GiB). Each round stores `objects` objects of 64 MiB (2.5 GiB at
 40) in a bucket of its own, then removes the bucket and waits `pause` seconds. Without garbage
 collection of deleted data, the second round fills the cluster and its writes are held (each then
-fails after `pipeline.store.STORE_READ_TIMEOUT_S`). Prints a line a round.
+fails after `pipeline.s3.STORE_READ_TIMEOUT_S`). Prints a line a round.
 """
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ console = Console()
 
 
 def main(rounds: int = 3, objects: int = 40, pause: float = 5.0) -> None:
-    from pipeline.store import ScreenshotStore, minio_client, remove_bucket
+    from pipeline.s3 import minio_client, remove_bucket
+    from pipeline.store import ScreenshotStore
 
     blob = os.urandom(64 << 20)
     with local_stack() as (stack, _, _):

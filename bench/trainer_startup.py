@@ -73,7 +73,7 @@ def worker(model_dir: str, mode: str, out_path: str) -> None:
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
-    from model.policy import load_policy
+    from model.hf_io import load_policy
     from pipeline.hashing import combined_sha256
     from trainer.sharding import peak_memory, reset_peak_memory, shard_model, shard_sha256, sharded_policy
 
@@ -106,7 +106,7 @@ def main(narrow: int = 4, ranks: str = "1,2", stored: str = "bf16") -> None:
     import torch
 
     from model.architectures import make_policy
-    from model.policy import save_policy
+    from model.hf_io import save_policy
 
     results = {}
     with tempfile.TemporaryDirectory() as d:

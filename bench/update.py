@@ -74,8 +74,8 @@ def worker(batch_path: str, mode: str, reps: int, out_path: str) -> None:
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
+    from model.hf_io import ensure_policy, load_policy
     from model.inputs import suppressed_token_ids
-    from model.policy import ensure_policy, load_policy
     from pipeline.settings import StackSettings
     from pipeline.store import ScreenshotStore
     from trainer.config import TrainConfig

@@ -27,7 +27,7 @@ import uvicorn
 from rich.console import Console
 from rich.table import Table
 
-from analysis.ledger import connect
+from analysis.views import connect
 from app.viewer import make_app
 from pipeline.stack.local import LocalStack
 

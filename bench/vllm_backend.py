@@ -38,7 +38,7 @@ OUT = Path(__file__).parent / "out"
 
 
 def main(episodes: int = 16, workers: int = 4, rounds: int = 2, refreshes: int = 4) -> None:
-    from model.policy import ensure_policy
+    from model.hf_io import ensure_policy
     from pipeline.stack.local import LocalStack
     from pipeline.stack.vllm import VLLMServerConfig
 
@@ -89,7 +89,7 @@ def _rollouts(settings, model_dir: Path, episodes: int, workers: int, rounds: in
 
 def _refresh_latency(settings, backend: str, v0: Path, work: Path, n: int) -> list[float]:
     """Seconds from each publish to the first action sampled under the new version."""
-    from model.policy import load_policy, save_policy
+    from model.hf_io import load_policy, save_policy
     from pipeline.bus import EventProducer
     from pipeline.checkpoints import CheckpointStore
     from rollout.dispatcher import dispatch, task_stream
@@ -150,7 +150,7 @@ def _refresh_latency(settings, backend: str, v0: Path, work: Path, n: int) -> li
 
 def _logprob_gap(settings, run_ids: list[str]) -> dict:
     from model.inputs import inputs_from_ids, suppressed_token_ids
-    from pipeline.bus import read_log
+    from pipeline.consumer import read_log
     from pipeline.store import ScreenshotStore
     from pipeline.topics import ROLLOUT
     from rollout.policy.local import LocalPolicy

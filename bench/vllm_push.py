@@ -61,7 +61,7 @@ def main(model_dir: Path = typer.Option(...), reps: int = 3, port: int = 8011, n
     from vllm.distributed.weight_transfer.clients import HTTPVLLMWeightSyncClient
     from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo, NCCLTrainerWeightTransferEngine
 
-    from model.policy import load_policy, save_policy
+    from model.hf_io import load_policy, save_policy
     from rollout.policy.vllm_client import reload_weights_body
 
     url = f"http://127.0.0.1:{port}"

@@ -1,7 +1,7 @@
 """The tokenizer the project trains itself (no hub downloads are possible): a byte-level BPE with
 Qwen2's pre-tokenizer regex and Qwen's special tokens, trained in about a second on a corpus this
 module generates (rendered prompts of synthetic pages, JSON actions, web words); deterministic and
-cached by corpus hash. A real Qwen3-VL checkpoint brings its own tokenizer instead (`model.policy`).
+cached by corpus hash. A real Qwen3-VL checkpoint brings its own tokenizer instead (`model.hf_io`).
 """
 
 from __future__ import annotations

@@ -36,8 +36,8 @@ from urllib.parse import unquote, urlparse
 from minio import Minio
 from minio.error import S3Error
 
+from pipeline.s3 import minio_client
 from pipeline.settings import StackSettings
-from pipeline.store import minio_client
 from schemas.events import RUN_ID_PATTERN
 
 MANIFEST = "MANIFEST.json"

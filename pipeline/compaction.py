@@ -42,7 +42,7 @@ pass finished or gave up, deleting its sources or its outputs first) means listi
 manifest's outputs are invisible. Files that match no manifest are visible. So every reader reads each
 row once, as one of: the sources, the outputs of the one pass that committed them.
 
-Files the ledger writer's journal names (its last flush per partition, `pipeline.journal`) and files
+Files the ledger writer's journal names (its last flush per partition, `pipeline.ledger_journal`) and files
 younger than `min_age_s` are never compacted: the journal must find them as written. Each step of a pass
 is a `yield` of `compaction_steps`, which `compact` runs through; tests drive the same generator one
 step at a time to interleave passes and readers in every order.
@@ -418,7 +418,7 @@ def _read(fs: pafs.FileSystem, path: str) -> bytes:
 def compact_run(fs: pafs.FileSystem, root: str, run_id: str, config: CompactionConfig = CompactionConfig(),
                 put=None) -> dict[str, CompactionResult]:
     """`compact` every event type's directory of one run; the journal's named files stay as they are."""
-    from pipeline.journal import Journal
+    from pipeline.ledger_journal import Journal
 
     protected = Journal(fs, root, put).named_files()
     run_dir = f"{root}/run_id={run_id}"

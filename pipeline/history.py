@@ -9,15 +9,17 @@ confirmed; every event a producer sent is in at least one of the three.
 from __future__ import annotations
 
 import threading
+import uuid
 from collections.abc import Callable, Iterator, Sequence
 
 from pydantic import ValidationError
 
-from pipeline.bus import EventProducer, follow, outbox_path, read_log, topic_name
+from pipeline.bus import EventProducer, outbox_path, topic_name
+from pipeline.consumer import EventConsumer, read_log
 from pipeline.ledger import read_events
 from pipeline.outbox import Outbox
+from pipeline.s3 import patiently
 from pipeline.settings import StackSettings
-from pipeline.store import patiently
 from pipeline.topics import Topic
 from schemas import Event, decode_event, table_to_events
 
@@ -51,7 +53,7 @@ def sent_events(settings: StackSettings, run_id: str, topic: Topic, models: Sequ
 def follow_run(settings: StackSettings, topic: Topic, run_id: str, models: Sequence[type[Event]],
                on_event: Callable[[Event], None], stop: threading.Event, producer: EventProducer,
                client_id: str) -> None:
-    """`pipeline.bus.follow` of the run's `models` on `topic`, the ledger's past first; each event once
+    """`_follow` of the run's `models` on `topic`, the ledger's past first; each event once
     (a broker that lost its log is read again from its start, where outboxes resend what it lost)."""
     wanted, seen = tuple(models), set()
 
@@ -62,7 +64,24 @@ def follow_run(settings: StackSettings, topic: Topic, run_id: str, models: Seque
 
     for e in _ledger_past(settings, run_id, models):
         once(e)
-    follow(settings, topic, run_id, once, stop, producer, client_id=client_id)
+    _follow(settings, topic, run_id, once, stop, producer, client_id=client_id)
+
+
+def _follow(settings: StackSettings, topic: Topic, run_id: str | None, on_event, stop, producer: EventProducer,
+            client_id: str = "follower") -> None:
+    """Call `on_event` for each of the run's events on `topic` (every run's when `run_id` is None), from
+    the start of the log, until `stop` (a `threading.Event`) is set. A private consumer group: it sees
+    everything and commits nothing. The log alone: what a broker that lost its log no longer holds is
+    missing, so `follow_run` (the ledger's past first) is the way to follow a run."""
+    consumer = EventConsumer(settings, f"{client_id}-{run_id or 'all'}-{uuid.uuid4().hex[:8]}", [topic], producer,
+                             client_id=client_id)
+    try:
+        while not stop.is_set():
+            for d in consumer.poll(timeout_ms=300):
+                if run_id in (None, d.event.run_id):
+                    on_event(d.event)
+    finally:
+        consumer.close()
 
 
 def _ledger_past(settings: StackSettings, run_id: str, models: Sequence[type[Event]]) -> Iterator[Event]:

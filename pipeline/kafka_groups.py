@@ -4,7 +4,7 @@ Tansu 0.6.0 (the local broker) keeps a leader that sends LeaveGroup between its 
 SyncGroup as the group's leader: every member's SyncGroup then fails with REBALANCE_IN_PROGRESS, every
 JoinGroup names the departed leader again, and the group never completes another rebalance, even once
 empty (until the broker restarts). A member that just stops is expired after its session (6 s here,
-`pipeline.bus`) and the next JoinGroup elects a live leader. Measured under load: 3 of 8 graceful
+`pipeline.consumer`) and the next JoinGroup elects a live leader. Measured under load: 3 of 8 graceful
 leaves during a rebalance wedged the group, 0 of 15 kills; made deterministic with raw requests in
 `tests/test_kafka_groups.py`. A CI chaos soak lost its ledger writers this way (a guest writer that left
 during a rebalance): every writer waited to join for the rest of the run.

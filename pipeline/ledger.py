@@ -5,7 +5,7 @@ the Parquet files holding the batch are durable, and an event that can come agai
 A batch is written on a thread while the next one is collected, and committed before the next is
 written. Several writers in one consumer group share the partitions (`awrl ledger sync --follow`, once
 per process). Every writer can stall for any time at any step; what keeps each record in one file is
-the journal's claims (`pipeline.journal`, `pipeline.ledger_claims`), not timing:
+the journal's claims (`pipeline.ledger_journal`, `pipeline.ledger_claims`), not timing:
 
 - A flush claims each partition's range before writing its files, and a partition's records go to
   files of their own, which anyone can write again from the log with the same rows. A writer whose
@@ -49,17 +49,18 @@ import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from pipeline.bus import Delivered, EventConsumer, EventProducer, Rejected
+from pipeline.bus import EventProducer
 from pipeline.compaction import CompactionConfig, CompactionResult, compact_run, visible_files
+from pipeline.consumer import Delivered, EventConsumer, Rejected
 from pipeline.files import write_atomic
-from pipeline.journal import ClaimedFile, Journal, RecentIds, s3_create, s3_put
 from pipeline.ledger_claims import Chains, Placed, fetch_range
 from pipeline.ledger_config import LedgerConfig, LedgerStats  # noqa: F401 - imported from here
 from pipeline.ledger_dead_letters import DEAD_LETTERS, dead_letter_table, read_dead_letters  # noqa: F401
+from pipeline.ledger_journal import ClaimedFile, Journal, RecentIds, s3_create, s3_put
 from pipeline.ledger_resends import LedgerLookup, Memory
 from pipeline.receipts import ReceiptReader, ReceiptWriter
+from pipeline.s3 import ledger_filesystem, minio_client, patiently
 from pipeline.settings import StackSettings
-from pipeline.store import ledger_filesystem, minio_client, patiently
 from pipeline.summaries import with_summaries
 from pipeline.topics import ROLLOUT, TASKS, TRAINER
 from schemas import BY_NAME, Event, arrow_schema

@@ -1,4 +1,4 @@
-"""A ledger flush, placed in each source partition's chain of claims (`pipeline.journal`).
+"""A ledger flush, placed in each source partition's chain of claims (`pipeline.ledger_journal`).
 
 Invariant a reader relies on: each record of a partition is in the files of at most one claim, and a
 claim's files hold exactly the records it lists, whoever writes them and however often. So a writer
@@ -38,8 +38,8 @@ import pyarrow.parquet as pq
 from kafka import KafkaConsumer
 from kafka.structs import TopicPartition
 
-from pipeline.bus import Delivered
-from pipeline.journal import Claim, ClaimedFile, Journal, Position, RecentIds
+from pipeline.consumer import Delivered
+from pipeline.ledger_journal import Claim, ClaimedFile, Journal, Position, RecentIds
 from pipeline.settings import StackSettings
 from schemas import Event
 from schemas.columnar import decode_columnar

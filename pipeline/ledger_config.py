@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from pipeline.store import STORE_PATIENCE_S
+from pipeline.s3 import STORE_PATIENCE_S
 
 
 @dataclass(frozen=True)

@@ -9,9 +9,9 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 
-from pipeline.bus import Rejected
+from pipeline.consumer import Rejected
+from pipeline.s3 import ledger_filesystem
 from pipeline.settings import StackSettings
-from pipeline.store import ledger_filesystem
 
 DEAD_LETTERS = "_dead_letters"
 

@@ -26,7 +26,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from pipeline.files import TMP_SUFFIX
-from pipeline.journal import RecentIds
+from pipeline.ledger_journal import RecentIds
 from pipeline.receipts import KEEP_S
 from schemas import Event
 

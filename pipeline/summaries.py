@@ -1,7 +1,7 @@
 """Derived per-row columns the ledger stores beside an event's own fields, so that frequent analyses read
 a few integers instead of decoding arrays. They are not part of the event (readers of events ignore
 them: `read_events` projects to the event schema) and files written before they existed lack them
-(`analysis.ledger` reads those the old way).
+(`analysis.views` reads those the old way).
 
 StepRecorded: `token_policy_versions` summarised per step, for the drift report's token pass (1M steps
 x ~240 tokens: the arrays cost ~2.4 s to decode, the summaries a few milliseconds).

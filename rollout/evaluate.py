@@ -71,6 +71,51 @@ class EvalResult:
         return f"success {self.rate:.3f} (95% CI {lo:.3f}-{hi:.3f}, {self.successes}/{self.episodes})"
 
 
+@dataclass(frozen=True)
+class EvalConfig:
+    """`awrl eval`: one policy's held-out success in independent episodes (`evaluate`) or, with `models`,
+    several model directories on the same instances (`evaluate_paired`). The defaults are those of both
+    functions (tests/test_cli.py checks that they agree)."""
+
+    policy: PolicyName = "local"
+    """Policy backend (see `awrl rollout --help`); `models` are always run with the local policy."""
+    model_dir: Path | None = None
+    """HF model directory of the local policy; None: the untrained tiny VLM."""
+    suite: SuiteName = "sites"
+    """Task suite: sites, miniwob or boxes."""
+    split: Split = "heldout"
+    """Task split to evaluate on."""
+    difficulty: Difficulty | None = "easy"
+    """Only tasks of this difficulty; None: all."""
+    templates: tuple[str, ...] | None = None
+    """Only tasks of these templates; None: all."""
+    episodes: int = 100
+    """Independent episodes (without `models`)."""
+    workers: int = 2
+    """Browsers kept alive."""
+    som: bool = True
+    """Set-of-Mark observations instead of pure pixels."""
+    temperature: float = 1.0
+    """Sampling temperature (independent episodes need > 0); also each of `models` without its own."""
+    models: tuple[Path, ...] = ()
+    """Paired evaluation: model directories (local policy), every one run on the same instances."""
+    labels: tuple[str, ...] = ()
+    """Name of each of `models`, in order (default: its folder)."""
+    model_temperatures: tuple[float, ...] = ()
+    """Temperature of each of `models`, in order (default: `temperature`)."""
+    samples: int = 4
+    """`models`: episodes per instance."""
+    instances: int | None = None
+    """`models`: the first N instances of a fixed seeded order of the split; None: all."""
+    run_id: str = ""
+    """Evaluation run id (default: a new one); each of `models` runs as `<run_id>-<label>`."""
+
+    def __post_init__(self) -> None:
+        for name in ("episodes", "workers", "samples", "instances"):
+            if (value := getattr(self, name)) is not None and value < 1:
+                raise ValueError(f"{name.replace('_', '-')}: must be at least 1, got {value}")
+
+
 def evaluate(settings: StackSettings, policy: str = "local", model_dir: Path | None = None, suite: str = "sites",
              split: str = "heldout", difficulty: str | None = "easy", episodes: int = 100, workers: int = 2,
              som: bool = True, temperature: float = 1.0, run_id: str = "", show_progress: bool = True,

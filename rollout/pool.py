@@ -20,7 +20,8 @@ from pathlib import Path
 
 from playwright.async_api import async_playwright
 
-from pipeline.bus import EventConsumer, EventProducer
+from pipeline.bus import EventProducer
+from pipeline.consumer import EventConsumer
 from pipeline.hashing import sha256_hex
 from pipeline.history import follow_run
 from pipeline.settings import StackSettings
@@ -28,7 +29,7 @@ from pipeline.store import ScreenshotStore
 from pipeline.topics import TASKS, TRAINER
 from rollout.browser import BrowserConfig, BrowserWorker
 from rollout.episode import EpisodeConfig, EpisodeContext, run_episode
-from rollout.journal import EpisodeJournal, reap
+from rollout.episode_journal import EpisodeJournal, reap
 from rollout.types import Policy, Suite
 from schemas import (
     EpisodeFinished,
@@ -59,7 +60,7 @@ class PoolConfig:
     everlasting: bool = True
     """Keep each browser for the whole run; False relaunches it after every episode (the ablation)."""
     journal_dir: Path | None = Path(".awrl/rollout-journal")
-    """Open-episode journals of the pools on this host (`rollout.journal`): a killed pool's open
+    """Open-episode journals of the pools on this host (`rollout.episode_journal`): a killed pool's open
     episodes are ended as env_error by the next pool to look. None: no journal."""
 
 

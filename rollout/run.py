@@ -3,34 +3,25 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 import math
 import threading
-import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import get_args
 
-from kafka.errors import KafkaError
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from pipeline.bus import EventProducer
 from pipeline.checkpoints import CheckpointStore
-from pipeline.history import follow_run
 from pipeline.settings import StackSettings
-from pipeline.topics import ROLLOUT
 from rollout.curriculum import Curriculum, CurriculumConfig, family_index, seed_from_ledger
-from rollout.dispatcher import Admission, dispatch, follow_trainer, task_stream
+from rollout.dispatcher import Admission, dispatch_loop, task_stream
 from rollout.episode import EpisodeConfig
 from rollout.pool import PoolConfig, PoolStats, RolloutPool
 from rollout.types import Policy, Suite
-from schemas import GroupCompleted
 from schemas.observation import Difficulty, PolicyName, Split, SuiteName, Task
-
-log = logging.getLogger(__name__)
 
 SUITES: tuple[str, ...] = get_args(SuiteName)
 POLICIES: tuple[str, ...] = get_args(PolicyName)
@@ -110,14 +101,19 @@ def _vllm_policy(url: str | None, model: str | None, seed: int, checkpoints, tem
 @dataclass(frozen=True)
 class RolloutRequest:
     suite: SuiteName = "sites"
+    """Task suite: sites (our multi-page sites), miniwob or boxes."""
     policy: PolicyName = "oracle"
+    """Policy backend: oracle, random, local, vllm, demo (oracle actions as the local model's tokens)."""
     workers: int = 4
+    """Browsers kept alive in this process."""
     group_size: int = 4
+    """Episodes per task group (GRPO's G)."""
     episodes: int | None = 16
     """Stop after this many episodes (rounded up to whole groups); None runs forever."""
     dispatch: bool = True
     """Also act as the dispatcher (one process); turn off when a separate dispatcher runs."""
     split: Split = "train"
+    """Task split to dispatch."""
     difficulty: Difficulty | None = None
     """Dispatch only tasks of this difficulty (easy, medium, hard); None dispatches all."""
     templates: tuple[str, ...] | None = None
@@ -125,10 +121,16 @@ class RolloutRequest:
     task_ids: tuple[str, ...] | None = None
     """Dispatch only these tasks (a paired evaluation's instances, `rollout.evaluate`); None dispatches all."""
     run_id: str = ""
+    """Run id in the event log; empty: a new one (`rollout-<8 hex digits>`)."""
     seed: int = 0
+    """Seed of the policy's sampling and the dispatcher's task order."""
     model_dir: Path | None = None
+    """HF model directory: the local policy's weights; with the vllm policy, loaded into the server as
+    version 0."""
     vllm_url: str | None = None
+    """OpenAI-compatible vLLM server of the vllm policy; None: `AWRL_VLLM_URL`."""
     episode: EpisodeConfig = EpisodeConfig()
+    """How each episode runs: observations, timeouts, allowed hosts."""
     noise: float = 0.0
     """`demo` policy only: probability of a random action instead of the oracle's."""
     temperature: float = 1.0
@@ -142,7 +144,7 @@ class RolloutRequest:
     everlasting: bool = True
     """Keep browsers for the whole run (False: relaunch after every episode, an ablation)."""
     journal_dir: Path | None = Path(".awrl/rollout-journal")
-    """Where this host's pools keep their open-episode journals (`rollout.journal`)."""
+    """Where this host's pools keep their open-episode journals (`rollout.episode_journal`)."""
     curriculum: CurriculumConfig = CurriculumConfig(enabled=False)
     """Dispatch from the task families whose recent success is in band (`rollout.curriculum`); when
     not `enabled`, a seeded shuffle of every task."""
@@ -178,7 +180,7 @@ def run_rollout(settings: StackSettings, req: RolloutRequest, show_progress: boo
                      and (req.templates is None or t.template in req.templates)
                      and (req.task_ids is None or t.task_id in req.task_ids)]
             stream = _task_stream(settings, suite, tasks, req)
-            threading.Thread(target=_dispatch_loop, daemon=True,
+            threading.Thread(target=dispatch_loop, daemon=True,
                              args=(settings, pool, run_id, stream, req, groups, finished, admission)).start()
         threading.Thread(target=lambda: (stop.wait(), finished.is_set() or pool.request_stop()), daemon=True).start()
         with _progress(show_progress and on_progress is None) as (progress, update):
@@ -199,49 +201,6 @@ def _task_stream(settings, suite: Suite, tasks: list[Task], req: RolloutRequest)
     curriculum = Curriculum(tasks, req.curriculum, seed=req.seed, family_of=family_index(suite))
     seed_from_ledger(curriculum, settings, req.curriculum_from)
     return curriculum
-
-
-def _dispatch_loop(settings, pool: RolloutPool, run_id, tasks, req: RolloutRequest, groups, stop,
-                   budget: Admission | None) -> None:
-    """Keep a small backlog of groups ahead of the pool (finite runs dispatch exactly `groups`), within
-    the staleness budget when one is set."""
-    producer = EventProducer(settings, client_id="dispatcher")
-    if budget is not None:
-        threading.Thread(target=follow_trainer, args=(settings, run_id, budget, stop, producer), daemon=True).start()
-    if isinstance(tasks, Curriculum):  # this run's outcomes, from the start of its log
-        threading.Thread(target=follow_run, args=(settings, ROLLOUT, run_id, [GroupCompleted], tasks.on_event, stop,
-                                                  producer, "curriculum"), daemon=True).start()
-    backlog = max(2, 2 * req.workers // req.group_size)
-    stats = pool.stats
-    try:
-        while not stop.is_set() and (groups is None or stats.groups_dispatched < groups):
-            if stats.groups_dispatched - stats.groups < backlog:
-                if budget is None or budget.try_dispatch():
-                    version = max(req.min_version, budget.current_version if budget else pool.policy.version)
-                    stats.groups_dispatched += _dispatch_one(producer, run_id, tasks, req.group_size, version)
-                    continue
-                stats.dispatch_paused_s += 0.2
-            time.sleep(0.2)
-    except BaseException:
-        # A pool without its dispatcher would idle forever: stop it, so its supervisor starts it again.
-        log.exception("the dispatcher stopped; stopping the pool")
-        pool.request_stop()
-        raise
-    finally:
-        producer.close()
-
-
-def _dispatch_one(producer: EventProducer, run_id: str, tasks, group_size: int, version: int) -> int:
-    """Dispatch one task group; 1 if it is on its way (acknowledged, or in the producer's outbox, which
-    sends it again after a broker restart), 0 if it was lost (no outbox: the loop dispatches another)."""
-    try:
-        dispatch(producer, run_id, tasks, 1, group_size, version=version)
-    except KafkaError as exc:
-        kept = producer.outbox is not None
-        log.warning("task group not acknowledged by the broker (%s): %s", type(exc).__name__,
-                    "its outbox sends it again" if kept else "dispatching another")
-        return int(kept)
-    return 1
 
 
 class _progress:

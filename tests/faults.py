@@ -14,7 +14,8 @@ from dataclasses import dataclass
 
 import pyarrow.dataset as ds
 
-from pipeline.bus import EventProducer, read_log
+from pipeline.bus import EventProducer
+from pipeline.consumer import read_log
 from pipeline.ledger import ledger_filesystem, list_parquet
 from pipeline.topics import ROLLOUT, TASKS, TRAINER, Topic
 

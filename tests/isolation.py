@@ -11,9 +11,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from pipeline.bus import create_topics
+from pipeline.s3 import remove_bucket
 from pipeline.settings import StackSettings
 from pipeline.stack.local import LocalStack
-from pipeline.store import ScreenshotStore, remove_bucket
+from pipeline.store import ScreenshotStore
 
 
 @contextmanager

@@ -18,8 +18,8 @@ from model.inputs import suppressed_token_ids
 from model.response import decision_token_mask
 from pipeline.hashing import weights_sha256
 from trainer.config import AnchorConfig, TrainConfig
+from trainer.emulated_fsdp import EmulatedFSDP
 from trainer.losses import anchor_loss, anchor_mask
-from trainer.sharding import EmulatedFSDP
 from trainer.update import (
     Scorer,
     StepSample,

@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from analysis.drift import drift_metrics
-from analysis.ledger import RAW_VIEWS, connect
+from analysis.views import RAW_VIEWS, connect
 from assets import all_assets, all_checks, defs
 from assets.io import Ledger, ParquetIOManager
 from assets.sensors import ledger_sensor
@@ -188,7 +188,7 @@ def test_a_broken_version_lineage_fails_its_check(tmp_path):
 
 def test_advantages_that_do_not_sum_to_zero_fail_their_check(tmp_path, monkeypatch):
     """An estimator that forgets to subtract the group mean (planted in the function the view calls)."""
-    monkeypatch.setattr("analysis.ledger.group_advantages", lambda rewards: [float(r) for r in rewards])
+    monkeypatch.setattr("analysis.views.group_advantages", lambda rewards: [float(r) for r in rewards])
     checks, _ = _planted(tmp_path, lambda ev, w: None, ["groups"])
     assert checks["group_advantages_sum_to_zero"] is False and checks["groups_event_id_unique"] is True
 

@@ -7,7 +7,8 @@ from collections import defaultdict
 
 from kafka import KafkaConsumer
 
-from pipeline.bus import EventConsumer, EventProducer, dead_letters, read_log, topic_name
+from pipeline.bus import EventProducer, topic_name
+from pipeline.consumer import EventConsumer, dead_letters, read_log
 from pipeline.topics import DEAD_LETTER, ROLLOUT, TRAINER
 from schemas import EpisodeFinished
 

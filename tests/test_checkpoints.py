@@ -164,7 +164,7 @@ def test_names_and_defaults(store, monkeypatch, tmp_path):
 
 
 def test_local_policy_refreshes_from_s3(store, run_id, tmp_path):
-    from model.policy import ensure_policy, load_policy, save_policy
+    from model.hf_io import ensure_policy, load_policy, save_policy
     from rollout.policy.local import LocalPolicy
 
     base = ensure_policy()

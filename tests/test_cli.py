@@ -18,12 +18,23 @@ import typer
 
 from analysis.rebatch import Admission
 from app import analysis_cli, cli
-from app.configs import DEMO, DemoCommand, RunCommand, TrainCommand, parse, to_dict, to_yaml
+from app.configs import (
+    DEMO,
+    DemoCommand,
+    EvalCommand,
+    RolloutCommand,
+    RunCommand,
+    SFTCommand,
+    TrainCommand,
+    parse,
+    to_dict,
+    to_yaml,
+)
 from app.learning import LearningConfig, controlled
 from app.output import human
 from app.training import RunConfig
 from pipeline.settings import StackSettings
-from rollout.evaluate import evaluate, evaluate_paired
+from rollout.evaluate import EvalConfig, evaluate, evaluate_paired
 from rollout.run import RolloutRequest
 from schemas import RunStarted
 from trainer.config import TrainConfig
@@ -47,8 +58,10 @@ def _leaves(config, prefix: str = "") -> list[str]:
     return out
 
 
-@pytest.mark.parametrize("command, config", [(TrainCommand, TrainConfig(run_id="")), (RunCommand, RunConfig()),
-                                             (DemoCommand, LearningConfig())], ids=["train", "run", "demo"])
+@pytest.mark.parametrize("command, config", [
+    (TrainCommand, TrainConfig(run_id="")), (RunCommand, RunConfig()), (DemoCommand, LearningConfig()),
+    (RolloutCommand, RolloutRequest()), (SFTCommand, SFTConfig(run_ids=[], out_dir=Path("-"))),
+    (EvalCommand, EvalConfig())], ids=["train", "run", "demo", "rollout", "sft", "eval"])
 def test_every_config_field_is_a_flag(command, config, capsys):
     with pytest.raises(SystemExit) as exit_:
         parse(command, ["--help"], "awrl x", "")
@@ -85,7 +98,31 @@ def test_config_files_and_presets(tmp_path):
     assert parse(DemoCommand, ["--config", str(tmp_path / "all.yaml")], "awrl demo", "").learning == config
 
 
-# -- the typer verbs whose options are still written out -----------------------------------------------
+def test_rollout_sft_and_eval_flags_set_their_configs(monkeypatch):
+    monkeypatch.setenv("AWRL_RUN_ID", "from-env")
+    monkeypatch.setenv("AWRL_ROLLOUT_JOURNAL", "/tmp/journal")
+    cmd = parse(RolloutCommand, ["--temperature", "0.5", "--episode.som", "--curriculum.enabled", "--forever",
+                                 "--eta", "2"], "awrl rollout", "")
+    req = cmd.rollout
+    assert (req.temperature, req.episode.som, req.curriculum.enabled, req.run_id, str(req.journal_dir)) == (
+        0.5, True, True, "from-env", "/tmp/journal")
+    assert cmd.forever and cmd.eta == 2 and cmd.groups_per_update == TrainConfig(run_id="").groups_per_update
+    sft = parse(SFTCommand, ["--run-ids", "a", "b", "--epochs", "2"], "awrl sft", "").sft
+    assert (sft.run_ids, sft.epochs) == (["a", "b"], 2)
+    ev = parse(EvalCommand, ["--models", "m1", "m2", "--labels", "x", "y", "--instances", "8"], "awrl eval", "")
+    assert (ev.evaluation.models, ev.evaluation.labels, ev.evaluation.instances) == ((Path("m1"), Path("m2")),
+                                                                                      ("x", "y"), 8)
+
+
+def test_check_args_parses_every_verb_without_running_it():
+    assert cli.check_args(["rollout", "--episode.som", "--forever", "--eta", "2"]) is None
+    assert cli.check_args(["eval", "--help"]) is None
+    assert "--som" in cli.check_args(["rollout", "--som"])
+    assert "invalid choice 'nope'" in cli.check_args(["sft", "--format", "nope"])
+    assert "No such option: --nope" in cli.check_args(["sql", "x", "--nope"])
+
+
+# -- defaults stated twice ---------------------------------------------------------------------------------
 
 def _defaults(obj) -> dict[str, object]:
     """Field -> default of a pydantic model, a dataclass instance or a function's keyword parameters."""
@@ -96,10 +133,8 @@ def _defaults(obj) -> dict[str, object]:
     return {k: p.default for k, p in inspect.signature(obj).parameters.items() if p.default is not p.empty}
 
 
-CONFIGS = {"rollout": [RolloutRequest()], "eval": [evaluate, evaluate_paired],
-           "sft": [SFTConfig(run_ids=["-"], out_dir=Path("-"))],
-           "rebatch": [Admission()]}
-"""`rollout`, `eval`, `sft` and `rebatch` keep a few hand-written options: each must match its config."""
+CONFIGS = {"rebatch": [Admission()]}
+"""`rebatch` keeps a few hand-written typer options: each must match its config."""
 
 
 @pytest.mark.parametrize("command", sorted(CONFIGS))
@@ -117,6 +152,14 @@ def test_options_named_like_config_fields_have_their_defaults(command):
         assert default == expected, f"awrl {command} --{param.name}: {default!r}, config: {expected!r}"
         checked += 1
     assert checked >= 1
+
+
+@pytest.mark.parametrize("function", [evaluate, evaluate_paired])
+def test_eval_config_defaults_are_the_evaluation_functions(function):
+    """`awrl eval` takes `EvalConfig`; the functions it calls keep keyword defaults for library callers."""
+    config, defaults = _defaults(EvalConfig()), _defaults(function)
+    shared = sorted(set(config) & set(defaults))
+    assert len(shared) >= 6 and {k: config[k] for k in shared} == {k: defaults[k] for k in shared}
 
 
 def test_choice_types_equal_the_config_models():
@@ -209,10 +252,15 @@ def _mistakes(ledger: Path, tmp: Path) -> list[tuple[list[str], int, str]]:
         (["train", "--run-id", "r", "--nnodes", "2", "--node-rank", "2", "--rdzv-endpoint", "h:1"], 2,
          "--node-rank 2 is outside 0..1"),
         (["eval", "--model-dir", str(tmp / "none")], 2, "not an HF model directory"),
-        (["eval", "--model", str(tmp / "none"), "--model", str(tmp / "none")], 2, "--model " + str(tmp / "none")),
-        (["eval", "--model", str(tmp / "none"), "--label", "a", "--label", "b"], 2, "2 --label for 1 --model"),
-        (["eval", "--label", "a"], 2, "add --model DIR"),
-        (["rollout", "--suite", "nope"], 2, "'nope' is not one of"),
+        (["eval", "--models", str(tmp / "none"), str(tmp / "none")], 2, "--models " + str(tmp / "none")),
+        (["eval", "--models", str(tmp / "none"), "--labels", "a", "b"], 2, "2 --labels for 1 --models"),
+        (["eval", "--labels", "a"], 2, "add --models DIR"),
+        (["eval", "--samples", "0"], 2, "samples: must be at least 1"),
+        (["rollout", "--suite", "nope"], 2, "invalid choice 'nope'"),
+        (["rollout", "--som"], 2, "Unrecognized options: --som"),
+        (["rollout", "--max-batch", "0"], 2, "max-batch: must be at least 1"),
+        (["sft"], 2, "--run-ids is required"),
+        (["sft", "--run-ids", "d", "--lr", "-1"], 2, "lr: Input should be greater than 0"),
         (["stack", "status", "--data-dir", str(tmp / "none")], 1, "no stack running"),
         (["health", "--heartbeat", str(tmp / "none")], 1, "no heartbeat yet"),
         (["view"], 2, "S3 credentials missing"),
@@ -279,3 +327,5 @@ def test_version_and_help():
     assert out.returncode == 0 and out.stdout.startswith("awrl ")
     out = subprocess.run([sys.executable, "-m", "app.cli", "run", "--help"], capture_output=True, text=True)
     assert out.returncode == 0 and "--config FILE|NAME" in out.stdout and "--train.grpo.normalizer" in out.stdout
+    out = subprocess.run([sys.executable, "-m", "app.cli", "rollout", "--help"], capture_output=True, text=True)
+    assert out.returncode == 0 and "--temperature" in out.stdout and "--curriculum.enabled" in out.stdout

@@ -22,7 +22,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
 
-from analysis.ledger import connect
+from analysis.views import connect
 from pipeline.compaction import (
     SAFE,
     CompactionConfig,
@@ -34,8 +34,8 @@ from pipeline.compaction import (
     view_steps,
 )
 from pipeline.files import write_atomic
-from pipeline.journal import ClaimedFile, Journal
 from pipeline.ledger import compact_ledger, ledger_filesystem, list_parquet
+from pipeline.ledger_journal import ClaimedFile, Journal
 from pipeline.settings import StackSettings
 from pipeline.summaries import with_summaries
 from schemas import BY_NAME

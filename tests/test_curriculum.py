@@ -9,8 +9,9 @@ from datetime import UTC, datetime, timedelta
 import pyarrow.parquet as pq
 
 from analysis.informative import InformativeGroups, informative_groups
-from analysis.ledger import connect
-from pipeline.bus import EventProducer, read_log
+from analysis.views import connect
+from pipeline.bus import EventProducer
+from pipeline.consumer import read_log
 from pipeline.ledger import LedgerWriter
 from pipeline.topics import TASKS
 from rollout.curriculum import Curriculum, CurriculumConfig, family_index, seed_from_ledger

@@ -10,16 +10,17 @@ from types import SimpleNamespace
 
 from kafka.errors import UnknownProducerIdError
 
-import rollout.run as run
+import rollout.dispatcher as dispatcher
 from pipeline.bus import create_topics
 from rollout.dispatcher import task_stream
 from rollout.pool import PoolStats
+from rollout.run import RolloutRequest
 from rollout.suites.boxes.suite import BoxesSuite
 
 
 def _failing_once(monkeypatch):
     calls = []
-    real = run.dispatch
+    real = dispatcher.dispatch
 
     def dispatch(*args, **kwargs):
         calls.append(1)
@@ -27,18 +28,18 @@ def _failing_once(monkeypatch):
             raise UnknownProducerIdError("the broker restarted")
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(run, "dispatch", dispatch)
+    monkeypatch.setattr(dispatcher, "dispatch", dispatch)
     return calls
 
 
 def _loop(settings, groups: int) -> PoolStats:
     stats = PoolStats()
     pool = SimpleNamespace(stats=stats, policy=SimpleNamespace(version=0), request_stop=lambda: None)
-    req = run.RolloutRequest(suite="boxes", workers=2, group_size=2, episodes=2 * groups)
+    req = RolloutRequest(suite="boxes", workers=2, group_size=2, episodes=2 * groups)
     tasks = task_stream(BoxesSuite().tasks("train"), seed=0)
     finished = threading.Event()
     stats.groups = 10**6  # the pool keeps up: the backlog never holds the loop back
-    run._dispatch_loop(settings, pool, "dispatch-loop", tasks, req, groups, finished, None)
+    dispatcher.dispatch_loop(settings, pool, "dispatch-loop", tasks, req, groups, finished, None)
     return stats
 
 
@@ -61,11 +62,11 @@ def test_without_an_outbox_an_unacknowledged_group_is_dispatched_again(settings,
 def test_an_unexpected_error_stops_the_pool_instead_of_leaving_it_idle(settings, monkeypatch):
     create_topics(settings)
     stopped = []
-    monkeypatch.setattr(run, "dispatch", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("a bug")))
+    monkeypatch.setattr(dispatcher, "dispatch", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("a bug")))
     pool = SimpleNamespace(stats=PoolStats(), policy=SimpleNamespace(version=0), request_stop=lambda: stopped.append(1))
-    req = run.RolloutRequest(suite="boxes", workers=2, group_size=2, episodes=4)
+    req = RolloutRequest(suite="boxes", workers=2, group_size=2, episodes=4)
     try:
-        run._dispatch_loop(settings, pool, "dispatch-loop", iter([]), req, 2, threading.Event(), None)
+        dispatcher.dispatch_loop(settings, pool, "dispatch-loop", iter([]), req, 2, threading.Event(), None)
     except RuntimeError:
         pass
     assert stopped == [1]

@@ -47,7 +47,7 @@ def test_paired_difference_by_hand():
 def test_paired_evaluation_runs_every_policy_on_the_same_instances(settings):
     """The untrained model (whose output is never an action) against the oracle, on 4 boxes instances
     (no browser) x 2 episodes: the same instances for both, in the counts and in the ledger."""
-    from model.policy import ensure_policy
+    from model.hf_io import ensure_policy
     from pipeline.ledger import read_events
 
     policies = [EvalPolicy("untrained", ensure_policy(), 1.0), EvalPolicy("oracle", policy="oracle")]

@@ -18,9 +18,11 @@ import uuid
 
 import pytest
 
-from pipeline.bus import EventProducer, create_topics, read_log
+from pipeline.bus import EventProducer, create_topics
+from pipeline.consumer import read_log
 from pipeline.ledger import LedgerWriter
-from pipeline.store import ScreenshotStore, StoreUnavailable, patiently
+from pipeline.s3 import StoreUnavailable, patiently
+from pipeline.store import ScreenshotStore
 from pipeline.topics import ROLLOUT
 from rollout.dispatcher import dispatch, task_stream
 from rollout.episode import EpisodeConfig
@@ -197,13 +199,13 @@ def _pool_process(settings, run_id: str, journal, groups: int):
     """`awrl rollout` serving the run's dispatched groups (a pool process as deployed)."""
     env = {**os.environ, **settings.environ(), "AWRL_ROLLOUT_JOURNAL": str(journal)}
     argv = [sys.executable, "-m", "app.cli", "rollout", "--no-dispatch", "--run-id", run_id, "--workers", "1",
-            "-g", "2", "--episodes", str(2 * groups)]
+            "--group-size", "2", "--episodes", str(2 * groups)]
     return subprocess.Popen(argv, env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 
 def _open_in_journal(journal) -> dict[str, int]:
     """Trajectories a journal shows started and not ended, with their recorded steps."""
-    from rollout.journal import orphans
+    from rollout.episode_journal import orphans
 
     return {e.trajectory_id: e.num_steps for p in journal.rglob("*.jsonl") for e in orphans(p)}
 

@@ -14,7 +14,8 @@ import subprocess
 import time
 import uuid
 
-from pipeline.bus import EventProducer, read_log
+from pipeline.bus import EventProducer
+from pipeline.consumer import read_log
 from pipeline.ledger import LedgerWriter
 from pipeline.store import ScreenshotStore
 from pipeline.topics import ROLLOUT

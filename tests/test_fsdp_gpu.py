@@ -43,7 +43,7 @@ def test_awrl_train_takes_a_bf16_update_of_the_full_qwen3_vl_2b_architecture(set
     import uuid
 
     from model.architectures import make_policy
-    from model.policy import save_policy
+    from model.hf_io import save_policy
     from schemas import UpdateApplied
 
     from test_train_resume import publish_groups, published, trainer_events

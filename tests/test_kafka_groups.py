@@ -14,7 +14,8 @@ from kafka.coordinator.base import BaseCoordinator
 from kafka.protocol.consumer.group import JoinGroupRequest, LeaveGroupRequest, SyncGroupRequest
 
 from pipeline import kafka_groups
-from pipeline.bus import EventConsumer, EventProducer, create_topics, group_name
+from pipeline.bus import EventProducer, create_topics, group_name
+from pipeline.consumer import EventConsumer
 from pipeline.topics import ROLLOUT
 
 REBALANCE_IN_PROGRESS, MEMBER_ID_REQUIRED = 27, 79

@@ -26,8 +26,8 @@ import pytest
 from kafka.errors import KafkaError
 
 from pipeline.bus import EventProducer, create_topics
-from pipeline.journal import Journal
 from pipeline.ledger import LedgerConfig, LedgerWriter, read_events
+from pipeline.ledger_journal import Journal
 from pipeline.receipts import RECEIPTS
 
 from faults import ledger_ids

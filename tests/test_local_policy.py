@@ -19,8 +19,8 @@ from PIL import Image, ImageDraw
 from transformers import AutoTokenizer
 
 from model.architectures import make_tiny_policy
+from model.hf_io import load_policy, save_policy
 from model.inputs import build_inputs, forward_logprobs, inputs_from_ids, suppressed_token_ids
-from model.policy import load_policy, save_policy
 from model.prompt import CHAT_TEMPLATE, PromptConfig, build_messages, render_chat, render_prompt
 from model.sampling import Sampling, sample_batch
 from model.tokenizer import train_tokenizer
@@ -446,7 +446,7 @@ def test_a_pushed_version_loads_from_memory_and_anything_else_from_the_checkpoin
     receiver's waiting prints nothing (its store waits with a timeout printed a c10d warning a second)."""
     import socket
 
-    from model.policy import stored_weights
+    from model.hf_io import stored_weights
     from model.push import WeightSender
     from pipeline.hashing import weights_sha256
 

@@ -9,7 +9,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from model.architectures import ARCHITECTURES, make_policy
-from model.policy import PolicyLoadError, load_policy, load_shards, materialize, policy_on_meta, save_policy
+from model.hf_io import PolicyLoadError, load_policy, load_shards, materialize, policy_on_meta, save_policy
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.bus import EventConsumer, EventProducer
+from pipeline.bus import EventProducer
+from pipeline.consumer import EventConsumer
 from pipeline.ledger import LedgerWriter
 from pipeline.store import ScreenshotStore
 from pipeline.topics import ROLLOUT
@@ -205,14 +206,15 @@ def test_rollout_cli_smoke(settings):
     import sys
 
     out = subprocess.run([sys.executable, "-m", "app.cli", "rollout", "--suite", "miniwob", "--policy", "oracle",
-                          "--workers", "2", "-g", "2", "--episodes", "4", "--som", "--format", "json"],
+                          "--workers", "2", "--group-size", "2", "--episodes", "4", "--episode.som",
+                          "--format", "json"],
                          env=stack_env(settings), capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     assert json.loads(out.stdout)["episodes"] == 4
 
 
 def test_local_tiny_vlm_runs_whole_episodes_with_logprobs(settings, sites, tmp_path):
-    from model.policy import ensure_policy
+    from model.hf_io import ensure_policy
     from rollout.policy.local import LocalPolicy
 
     policy = LocalPolicy(ensure_policy(tmp_path / "tiny-vlm"), max_new_tokens=24, num_threads=1)

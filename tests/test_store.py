@@ -62,7 +62,7 @@ def test_a_held_request_is_told_apart_from_an_unreachable_store():
     """A full Ceph cluster holds writes; the client's read timeout surfaces it, named, to `patiently`."""
     import urllib3
 
-    from pipeline.store import store_trouble
+    from pipeline.s3 import store_trouble
 
     held = urllib3.exceptions.ReadTimeoutError(None, "/awrl/x", "Read timed out.")
     refused = urllib3.exceptions.NewConnectionError(None, "Connection refused")

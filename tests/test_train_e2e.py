@@ -12,8 +12,9 @@ import uuid
 
 import pytest
 
-from pipeline.bus import EventConsumer, EventProducer, create_topics, read_log
+from pipeline.bus import EventProducer, create_topics
 from pipeline.checkpoints import CheckpointStore
+from pipeline.consumer import EventConsumer, read_log
 from pipeline.stack.process import free_port
 from pipeline.topics import ROLLOUT, TRAINER
 from rollout.episode import EpisodeConfig
@@ -84,7 +85,7 @@ def test_torchrun_trains_a_live_run_and_the_pool_picks_up_versions(settings, tmp
     assert max(seen) >= 1 and stats.episodes > 0
 
     # every update and version is in the ledger, queryable with SQL
-    from analysis.ledger import connect
+    from analysis.views import connect
     from pipeline.ledger import LedgerWriter
 
     ledger = settings.model_copy(update={"ledger_uri": str(tmp_path / "ledger")})

@@ -20,20 +20,21 @@ import torch
 
 from analysis.replay import replay
 from model.architectures import make_policy
-from model.policy import save_policy
+from model.hf_io import save_policy
 from model.prompt import render_prompt
-from pipeline.bus import EventProducer, read_log
+from pipeline.bus import EventProducer
 from pipeline.checkpoints import CheckpointStore
+from pipeline.consumer import read_log
 from pipeline.hashing import sha256_hex
 from pipeline.ledger import LedgerWriter
-from pipeline.stack.process import free_port
+from pipeline.stack.process import dies_with_parent, free_port
 from pipeline.store import ScreenshotStore
 from pipeline.topics import TRAINER
 from rollout.policy.local import LocalPolicy
 from schemas import GroupCompleted, PolicyVersionPublished, UpdateApplied
 from schemas.observation import Mark, Observation
 from trainer.config import TrainConfig
-from trainer.launch import dies_with_parent, torchrun_command
+from trainer.launch import torchrun_command
 
 from faults import account, log_ids
 from samples import render_page, sample_step, stored_sha256

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from model.hf_io import save_policy
 from model.inputs import suppressed_token_ids
-from model.policy import save_policy
 from model.prompt import render_prompt
 from pipeline.hashing import sha256_hex, weights_sha256
 from rollout.policy.local import LocalPolicy
@@ -24,7 +24,7 @@ from schemas import GroupCompleted
 from schemas.observation import Mark, Observation
 from trainer.batch import GroupAssembler, TrainGroup
 from trainer.config import TrainConfig
-from trainer.sharding import EmulatedFSDP
+from trainer.emulated_fsdp import EmulatedFSDP
 from trainer.update import (
     Scorer,
     accumulate_gradients,

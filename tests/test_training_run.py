@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pytest
 
-from analysis.ledger import connect
+from analysis.views import connect
 from app.training import RunConfig, run_training
 from trainer.config import TrainConfig
 

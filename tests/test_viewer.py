@@ -26,9 +26,10 @@ import psutil
 import pytest
 from PIL import Image, ImageChops
 
-from analysis.ledger import connect, sql
+from analysis.views import connect, load_sql
 from pipeline.ledger import LedgerWriter
-from pipeline.store import ScreenshotStore, minio_client
+from pipeline.s3 import minio_client
+from pipeline.store import ScreenshotStore
 from schemas import EpisodeFinished, EpisodeStarted
 
 from samples import render_page, sample_step, write_viewable_run
@@ -174,7 +175,7 @@ def test_the_memory_highlight_matches_the_drift_key_sets(viewed, page):
     settings, run_id, base, _ = viewed
     ids = _ids(settings, run_id)
     con = ids["con"]
-    con.execute(sql("drift_step_keys"), {"run_id": run_id})
+    con.execute(load_sql("drift_step_keys"), {"run_id": run_id})
     keys = dict(con.execute("SELECT step, num_keys FROM drift_step_keys WHERE trajectory_id = $t",
                             {"t": ids["trajectory"]}).fetchall())
     memory = dict(con.execute("SELECT step, memory_keys FROM steps WHERE run_id = $r AND trajectory_id = $t",

@@ -33,10 +33,11 @@ import psutil
 import pytest
 import torch
 
+from model.hf_io import ensure_policy, load_policy, save_policy
 from model.inputs import inputs_from_ids, suppressed_token_ids
-from model.policy import ensure_policy, load_policy, save_policy
-from pipeline.bus import EventProducer, read_log
+from pipeline.bus import EventProducer
 from pipeline.checkpoints import CheckpointStore
+from pipeline.consumer import read_log
 from pipeline.ledger import LedgerWriter, read_events
 from pipeline.stack.local import LocalStack
 from pipeline.stack.process import pid_alive

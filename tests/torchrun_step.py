@@ -19,8 +19,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
+from model.hf_io import ensure_policy, load_policy
 from model.inputs import suppressed_token_ids
-from model.policy import ensure_policy, load_policy
 from pipeline.hashing import combined_sha256
 from trainer.sharding import FSDPOptimizer, peak_memory, reset_peak_memory, shard_model, shard_sha256, state_bytes
 from trainer.state import full_state_dict

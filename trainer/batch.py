@@ -29,7 +29,8 @@ from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from pipeline.bus import Delivered, EventConsumer, EventProducer
+from pipeline.bus import EventProducer
+from pipeline.consumer import Delivered, EventConsumer
 from pipeline.settings import StackSettings
 from pipeline.store import ScreenshotCorrupted, ScreenshotMissing, ScreenshotStore
 from pipeline.topics import ROLLOUT

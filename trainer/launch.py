@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -12,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
+from pipeline.stack.process import dies_with_parent, start_child, stop_child
 from trainer.config import TrainConfig
 
 
@@ -37,16 +35,6 @@ class Nodes:
         return None
 
 
-def dies_with_parent(command: list[str]) -> list[str]:
-    """`command`, killed by the kernel when the process that started it dies (util-linux's `setpriv
-    --pdeathsig`, kept across exec). torchrun starts each rank in a session of its own, and `start`
-    torchrun in one of its own: without this a SIGKILLed `awrl train` left torchrun and its ranks
-    training beside the trainer started in its place (seen in a chaos soak: the same groups trained
-    twice, the same version numbers published twice)."""
-    setpriv = shutil.which("setpriv")
-    return [setpriv, "--pdeathsig", "KILL", "--", *command] if setpriv else command
-
-
 def torchrun_command(config: TrainConfig, config_path: Path, nproc: int, nodes: Nodes = Nodes()) -> list[str]:
     """The launch; `python -m torch.distributed.run` is what the `torchrun` script runs."""
     if problem := nodes.problem():
@@ -62,7 +50,8 @@ def torchrun_command(config: TrainConfig, config_path: Path, nproc: int, nodes: 
 
 def start(config: TrainConfig, nproc: int = 1, env: dict[str, str] | None = None,
           log: IO | None = None, cpus: str | None = None, nodes: Nodes = Nodes()) -> subprocess.Popen:
-    """Start the trainer in `nproc` processes, in a process group of its own (see `stop`). `cpus`:
+    """Start the trainer in `nproc` processes, a child of this process (`start_child`; stop it with
+    `stop_child`: nothing is lost, a restarted trainer resumes from the last published version). `cpus`:
     run them on these cores only (`taskset -c`, e.g. "1"), as when rollout and training each get
     their own share of the machine."""
     path = Path(tempfile.mkdtemp(prefix="awrl-train-")) / "config.json"
@@ -70,21 +59,7 @@ def start(config: TrainConfig, nproc: int = 1, env: dict[str, str] | None = None
     command = torchrun_command(config, path, nproc, nodes)
     if cpus is not None:
         command = ["taskset", "-c", cpus, *command]
-    return subprocess.Popen(dies_with_parent(command), env=env, stdout=log, stderr=subprocess.STDOUT if log else None,
-                            start_new_session=True)
-
-
-def stop(proc: subprocess.Popen, timeout_s: float = 30.0) -> int:
-    """SIGTERM the trainer's whole process group (launcher and ranks), SIGKILL if it lingers. Nothing is
-    lost either way: a restarted trainer resumes from the last published version."""
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    return proc.returncode
+    return start_child(command, env, log)
 
 
 def launch(config: TrainConfig, nproc: int = 1, env: dict[str, str] | None = None, nodes: Nodes = Nodes()) -> int:
@@ -93,4 +68,4 @@ def launch(config: TrainConfig, nproc: int = 1, env: dict[str, str] | None = Non
     try:
         return proc.wait()
     finally:
-        stop(proc)
+        stop_child(proc)

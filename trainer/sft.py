@@ -18,8 +18,8 @@ from pathlib import Path
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
+from model.hf_io import ensure_policy, load_policy, save_policy
 from model.inputs import suppressed_token_ids
-from model.policy import ensure_policy, load_policy, save_policy
 from pipeline.ledger import read_events
 from pipeline.settings import StackSettings
 from pipeline.store import ScreenshotStore
@@ -36,14 +36,17 @@ class SFTConfig(BaseModel):
     model_dir: Path | None = None
     """Initial model; None builds the project's tiny Qwen3-VL."""
     epochs: int = Field(default=3, ge=1)
+    """Passes over the demonstrations."""
     lr: float = Field(default=1e-3, gt=0)
     """AdamW learning rate (behaviour cloning tolerates more than RL: the targets do not move)."""
     batch_steps: int = Field(default=16, ge=1)
     """Demonstration steps per optimizer step."""
     max_grad_norm: float = Field(default=1.0, gt=0)
+    """Gradients are clipped to this global norm."""
     temperature: float = 1.0
     """The sampler's temperature: the cloned distribution is the one rollouts draw from."""
     seed: int = 0
+    """Seed of the demonstrations' order and the initial model."""
 
 
 def demonstrations(settings: StackSettings, run_ids: list[str]) -> list[StepSample]:

@@ -1,4 +1,4 @@
-"""FSDP2 sharding of the policy, and the same arithmetic emulated in one process for replay.
+"""FSDP2 sharding of the policy, its sharded optimizer and memory measurements.
 
 Each rank holds a dim-0 slice (`chunks`) of every parameter, of its gradient and of AdamW's two
 moments: ~1/world_size of the 16 bytes a parameter costs in fp32 training. `fully_shard` is applied
@@ -16,10 +16,8 @@ The gradient arithmetic, which replay must reproduce bit for bit:
 `The weights' digest after a step is each rank's sha256 of its own slices, combined in rank order
 (`pipeline.hashing.combined_sha256`): no rank gathers the model to hash it.
 
-`EmulatedFSDP` does exactly that on a plain, unsharded model: R_k summed in rank order (for 2 ranks a
-single addition per element, which is what the reduce-scatter computes; for more ranks the
-collective's order is not known and the last bits may differ), the norm from the same slices, and
-one AdamW per rank over views of the same slices.
+Replay does the same on one plain model in one process (`trainer.emulated_fsdp.EmulatedFSDP`), with
+this module's `chunks`, `shard_norm`, `global_norm` and `clip_`.
 """
 
 from __future__ import annotations
@@ -33,8 +31,8 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
-from model.policy import load_shards, materialize, policy_on_meta
-from pipeline.hashing import combined_sha256, weights_sha256
+from model.hf_io import load_shards, materialize, policy_on_meta
+from pipeline.hashing import weights_sha256
 
 
 def shard_model(model: torch.nn.Module, mesh: DeviceMesh, bf16: bool = False,
@@ -119,7 +117,8 @@ def clip_(grads: list[torch.Tensor], norm: float, max_norm: float) -> None:
 
 
 class FSDPOptimizer:
-    """AdamW over this rank's FSDP2 shards, with the clip computed as `EmulatedFSDP` replays it."""
+    """AdamW over this rank's FSDP2 shards, with the clip computed as replay emulates it
+    (`trainer.emulated_fsdp.EmulatedFSDP`)."""
 
     def __init__(self, model: torch.nn.Module, lr: float, weight_decay: float, eps: float = 1e-8):
         self.model = model
@@ -144,77 +143,6 @@ class FSDPOptimizer:
         clip_(grads, norm, max_norm)
         self.optimizer.step()
         return norm
-
-
-class EmulatedFSDP:
-    """`world` FSDP2 ranks' gradient reduction, clip and AdamW on one plain model in one process."""
-
-    def __init__(self, model: torch.nn.Module, world: int, lr: float, weight_decay: float, eps: float = 1e-8):
-        self.model, self.world = model, world
-        self.params = dict(model.named_parameters())
-        # views into the model's own storage: each rank's AdamW updates its slice of the weights in place
-        self.slices = {name: [torch.nn.Parameter(c) for c in chunks(p.detach(), world)]
-                       for name, p in self.params.items()}
-        self.optimizers = [torch.optim.AdamW([s[r] for s in self.slices.values()], lr=lr, weight_decay=weight_decay,
-                                             eps=eps)
-                           for r in range(world)]
-        self.param_groups = [g for o in self.optimizers for g in o.param_groups]
-        self._rank, self._micro, self._grad = 0, None, None
-
-    def load_state(self, state: dict[str, dict[str, torch.Tensor]]) -> None:
-        """AdamW's state by parameter name (full tensors, as `load_full_state` gives): sliced per rank."""
-        for name, entry in state.items():
-            for r, opt in enumerate(self.optimizers):
-                opt.state[self.slices[name][r]] = {
-                    k: chunks(v, self.world)[r].clone() if v.dim() else v.clone() for k, v in entry.items()}
-
-    def zero_grad(self) -> None:
-        self._rank, self._micro, self._grad = 0, None, None
-        for p in [*self.params.values(), *(s for slices in self.slices.values() for s in slices)]:
-            p.grad = None
-
-    def after_backward(self) -> None:
-        """Take this rank's micro-batch gradient; after the last rank, add their sum to the total."""
-        grads = {n: p.grad for n, p in self.params.items()}
-        for p in self.params.values():
-            p.grad = None
-        self._micro = grads if self._micro is None else {n: _add(self._micro[n], g) for n, g in grads.items()}
-        self._rank += 1
-        if self._rank == self.world:
-            if self._grad is None:
-                self._grad = self._micro
-            else:
-                for n, g in self._micro.items():
-                    if self._grad[n] is not None and g is not None:
-                        self._grad[n] += g  # in place, as FSDP2 adds to the sharded gradient
-                    else:
-                        self._grad[n] = _add(self._grad[n], g)
-            self._rank, self._micro = 0, None
-
-    def sha256(self) -> str:
-        """The digest `world` ranks would record for these weights: each rank's slices hashed, combined."""
-        return combined_sha256([weights_sha256({n: chunks(p.detach(), self.world)[r] for n, p in self.params.items()})
-                                for r in range(self.world)])
-
-    def clip_and_step(self, max_norm: float) -> float:
-        """Unused parameters (no gradient on any rank) are left alone, as AdamW leaves them under FSDP2."""
-        if self._grad is None:
-            return 0.0
-        names = [n for n in self.params if self._grad[n] is not None]
-        per_rank = [[chunks(self._grad[n], self.world)[r] for n in names] for r in range(self.world)]
-        norm = global_norm([shard_norm(g) for g in per_rank])
-        for r, grads in enumerate(per_rank):
-            clip_(grads, norm, max_norm)
-            for n, g in zip(names, grads):
-                self.slices[n][r].grad = g
-            self.optimizers[r].step()
-        for n in names:
-            self.params[n].grad = self._grad[n]  # the full, clipped gradient, for inspection
-        return norm
-
-
-def _add(a: torch.Tensor | None, b: torch.Tensor | None) -> torch.Tensor | None:
-    return b if a is None else a if b is None else a + b
 
 
 @dataclass(frozen=True)

@@ -43,16 +43,17 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
+from model.hf_io import ensure_policy, load_image_processor, load_shards, load_tokenizer, save_policy, stored_weights
 from model.inputs import suppressed_token_ids
-from model.policy import ensure_policy, load_image_processor, load_shards, load_tokenizer, save_policy, stored_weights
 from model.push import WeightSender
 from pipeline import health
 from pipeline.bus import EventProducer, create_topics
 from pipeline.checkpoints import CheckpointStore
 from pipeline.hashing import combined_sha256, weights_sha256
 from pipeline.history import sent_events
+from pipeline.s3 import patiently
 from pipeline.settings import StackSettings
-from pipeline.store import ScreenshotStore, patiently
+from pipeline.store import ScreenshotStore
 from pipeline.topics import TRAINER
 from schemas import GroupDropped, PolicyVersionPublished, RankMemory, UpdateApplied
 from trainer.batch import BatchBuilder

@@ -31,21 +31,12 @@ from typing import Protocol
 
 import torch
 
+from model.hf_io import load_policy
 from model.inputs import forward_log_softmax, inputs_from_ids
-from model.policy import load_policy
 from model.response import decision_token_mask
 from trainer.batch import TrainGroup
 from trainer.config import TrainConfig
-from trainer.losses import (
-    anchor_loss,
-    anchor_mask,
-    decoupled_ppo_objective,
-    grpo_loss,
-    kl_to_reference,
-    raft_advantages,
-    select_tokens,
-    token_weights,
-)
+from trainer.losses import PolicyBatch, anchor_loss, anchor_mask, policy_loss, step_batch
 from trainer.mismatch import mismatch_stats
 
 
@@ -183,35 +174,19 @@ def accumulate_gradients(scorer: Scorer, samples: list[StepSample], num_trajecto
         n = len(s.response_token_ids)
         logprobs, entropy = score(scorer.model, inputs, n, scorer.suppress, config.temperature)  # [n], [n]
         prox = logprobs.detach() if proximal is None else proximal[i]  # [n]
-        dev = logprobs.device
-        behave = torch.tensor(s.behave_logprobs, dtype=logprobs.dtype, device=dev)  # [n]
-        success = torch.full((n,), s.success, device=dev)  # [n]
-        mask, kl_mask = select_tokens(config.tokens, entropy.detach(),  # [n], [n]
-                                      lambda s=s: decision_token_mask(scorer.tokenizer, s.response_token_ids))
-        advantages = torch.full((n,), s.advantage, dtype=logprobs.dtype, device=dev)  # [n]
-        # |o_{i,t}|: the step's response tokens, or its selected ones (a step keeps its whole weight)
-        step_tokens = torch.full((n,), n if config.tokens.pg == "all" else int(mask.sum()), device=dev)  # [n]
-        trajectory_steps = torch.full((n,), s.trajectory_steps, device=dev)  # [n] |tau_i|
-        if config.loss == "raft":
-            advantages, mask = raft_advantages(success, mask)
-            kl_mask = kl_mask & success if config.tokens.kl == "all" else kl_mask
-        objective, _ = decoupled_ppo_objective(logprobs, prox, behave, advantages, mask, config.ppo)
-        loss, _ = grpo_loss(objective, step_tokens, trajectory_steps, success, num_trajectories, config.grpo)
-        w = token_weights(step_tokens, trajectory_steps, num_trajectories, config.grpo, logprobs.dtype)  # [n]
-        if config.entropy_coef:
-            loss = loss - config.entropy_coef * (w * entropy * mask).sum()
         ref = reference[i] if reference is not None else torch.zeros(0)  # [n] or [0]
-        if config.kl_coef:  # per token like the objective over the whole response: 1/|o| each
-            w_kl = w if config.tokens.pg == "all" else token_weights(
-                torch.full((n,), n, device=dev), trajectory_steps, num_trajectories, config.grpo, logprobs.dtype)
-            loss = loss + config.kl_coef * (w_kl * kl_to_reference(logprobs, ref) * kl_mask).sum()
+        b = step_batch(config, logprobs, entropy, prox, s.behave_logprobs, ref, s.advantage, s.success,
+                       s.trajectory_steps, num_trajectories,
+                       lambda s=s: decision_token_mask(scorer.tokenizer, s.response_token_ids))
+        loss, _ = policy_loss(config, b)  # the batch's statistics come from `update_stats`, over every rank
         (loss if s.live else loss * 0.0).backward()
         if after_backward is not None:
             after_backward()
         if s.live:
-            lag = torch.tensor([version - v for v in s.token_policy_versions], device=dev)
-            tokens = dict(logprobs=logprobs, proximal=prox, behave=behave, advantages=advantages, mask=mask,
-                          weights=w, success=success, entropy=entropy, reference=ref, lag=lag)
+            lag = torch.tensor([version - v for v in s.token_policy_versions], device=logprobs.device)
+            tokens = dict(logprobs=b.logprobs, proximal=b.proximal, behave=b.behave, advantages=b.advantages,
+                          mask=b.mask, weights=b.weights, success=b.success, entropy=b.entropy,
+                          reference=b.reference, lag=lag)
             live.append((loss.detach(), {k: v.detach() for k, v in tokens.items()}))
     return to_host(live)
 
@@ -295,7 +270,7 @@ class StepResult:
 
 class ShardedOptimizer(Protocol):
     """The gradient reduction, clip and AdamW of FSDP2 ranks: real (`trainer.sharding.FSDPOptimizer`)
-    or emulated in one process for replay (`trainer.sharding.EmulatedFSDP`)."""
+    or emulated in one process for replay (`trainer.emulated_fsdp.EmulatedFSDP`)."""
 
     param_groups: list[dict]
 
@@ -340,18 +315,9 @@ def update_stats(tokens: dict[str, torch.Tensor], config: TrainConfig) -> dict[s
     sampler-vs-trainer mismatch, `trainer.mismatch`), computed as tensors and read in one `tolist`."""
     if tokens["logprobs"].numel() == 0:
         return {"tokens": 0.0}
-    lp, mask = tokens["logprobs"], tokens["mask"]
-    _, stats = decoupled_ppo_objective(lp, tokens["proximal"], tokens["behave"], tokens["advantages"], mask,
-                                       config.ppo)
-    success, w, lag = tokens["success"], tokens["weights"], tokens["lag"].double()
-    if tokens["reference"].numel():
-        stats["kl_ref"] = (torch.where(mask, kl_to_reference(lp, tokens["reference"]), 0.0).sum()
-                           / mask.sum().clamp(min=1))
+    _, stats = policy_loss(config, PolicyBatch.concatenated(tokens))  # the loss's statistics, then these
+    lag = tokens["lag"].double()
     stats.update(
-        tokens=torch.tensor(float(lp.numel())),
-        entropy=tokens["entropy"].mean(),
-        weight_mass_failure=torch.where(success, 0.0, w).sum(),
-        weight_mass_success=torch.where(success, w, 0.0).sum(),
         staleness_mean=lag.mean(),
         staleness_max=lag.max(),
         **mismatch_stats(tokens["proximal"], tokens["behave"], tokens["lag"]),

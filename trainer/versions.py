@@ -32,7 +32,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict
 
 from pipeline.checkpoints import CheckpointStore
-from pipeline.store import patiently
+from pipeline.s3 import patiently
 from trainer.state import FOLDER
 
 

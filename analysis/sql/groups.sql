@@ -1,5 +1,5 @@
 -- One row per GroupCompleted. `advantages` and `informative` call pipeline.advantages through
--- Python UDFs registered by analysis.ledger.connect, so they equal what the trainer computed.
+-- Python UDFs registered by analysis.views.connect, so they equal what the trainer computed.
 CREATE OR REPLACE VIEW groups AS
 SELECT
     run_id,

@@ -12,8 +12,9 @@ import pyarrow.parquet as pq
 from PIL import Image, ImageDraw
 
 from pipeline.ledger import ledger_filesystem
+from pipeline.s3 import StoreUnavailable
 from pipeline.settings import StackSettings
-from pipeline.store import ScreenshotCorrupted, ScreenshotMissing, ScreenshotStore, StoreUnavailable
+from pipeline.store import ScreenshotCorrupted, ScreenshotMissing, ScreenshotStore
 from rollout.som import draw_marks
 from schemas.observation import Mark
 

@@ -1,6 +1,6 @@
 """The viewer's routes (Starlette), over `analysis.browse` and the screenshot store.
 
-Requests share one DuckDB connection (`Ledger`), one query function at a time (its views include
+Requests share one DuckDB connection (`ViewerConnections`), one query function at a time (its views include
 registered Arrow tables, which a cursor would not see), made again when older than
 `ViewerConfig.refresh_s` so that a live run's new Parquet files show up. Screenshots are served by
 content hash with a year's immutable cache header: a hash names its bytes forever. Anything not found,
@@ -28,7 +28,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
 from analysis import browse
-from analysis.ledger import connect
+from analysis.views import connect
 from app.viewer.render import Screenshots, curves_svg, drawn_step, replay_rows
 from pipeline.settings import StackSettings
 from schemas.events import RUN_ID_PATTERN
@@ -52,7 +52,7 @@ class ViewerConfig(BaseModel):
     """A request reconnects to the ledger when its connection is older than this, to see new files."""
 
 
-class Ledger:
+class ViewerConnections:
     """One connection to the ledger's views, reconnected when stale, used by one query at a time."""
 
     def __init__(self, settings: StackSettings, refresh_s: float):
@@ -74,7 +74,7 @@ class Ledger:
 
 def make_app(settings: StackSettings, config: ViewerConfig = ViewerConfig()) -> Starlette:
     """The viewer as an ASGI application (for uvicorn, or a test client)."""
-    ledger = Ledger(settings, config.refresh_s)
+    connections = ViewerConnections(settings, config.refresh_s)
     shots = Screenshots(settings)
     templates = Jinja2Templates(directory=HERE / "templates")
     templates.env.globals["page_path"] = browse.page_path
@@ -83,7 +83,7 @@ def make_app(settings: StackSettings, config: ViewerConfig = ViewerConfig()) -> 
     def page(request: Request, name: str, **context) -> Response:
         return templates.TemplateResponse(request, name, context)
 
-    query = ledger.query
+    query = connections.query
 
     def run_id(request: Request) -> str:
         value = request.path_params["run_id"]

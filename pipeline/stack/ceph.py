@@ -10,7 +10,7 @@ Why it is set up this way:
   `durable=True` uses bluestore on a sparse file in the data dir so objects survive a restart.
 - A full cluster (memstore: 4 GiB; bluestore: 8 GiB) does not refuse a write, it holds it until
   space is freed (measured: the 67th 64 MiB object into memstore waited for ever). So clients time
-  out (`pipeline.store.STORE_READ_TIMEOUT_S`), and deleted objects are garbage-collected within
+  out (`pipeline.s3.STORE_READ_TIMEOUT_S`), and deleted objects are garbage-collected within
   ~10 s (`rgw gc obj min wait = 0`): with Ceph's default of 2 hours, a deleted checkpoint's data
   (every part past the first 4 MiB) kept its space, and a store emptied and refilled stalled.
 - The mon address is baked into the monmap at mkfs, so a durable restart must reuse the mon port.

@@ -1,4 +1,5 @@
-"""Starting and stopping the stack's daemons: by PID, never by name.
+"""Starting and stopping processes: the stack's daemons (`spawn`, detached: they outlive the command that
+started them) and a command's children (`start_child`, killed with it), by PID, never by name.
 
 Every daemon is started in its own session (so `awrl stack up` can exit and leave it running) and
 recorded as a `ServiceProc`. Stopping checks that the PID still runs the binary we started before
@@ -8,6 +9,7 @@ signalling it, so a recycled PID of somebody else's process is never killed.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -15,6 +17,7 @@ import time
 import urllib.request
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import IO
 
 import psutil
 
@@ -98,6 +101,35 @@ def spawn(name: str, argv: list[str], log_path: Path, port: int | None = None, e
         )
     return ServiceProc(name=name, pid=proc.pid, port=port, binary=os.path.realpath(argv[0]), argv=tuple(argv),
                        log=str(log_path), env=tuple(sorted((env or {}).items())), process_group=process_group)
+
+
+def dies_with_parent(command: list[str]) -> list[str]:
+    """`command`, killed by the kernel when the process that started it dies (util-linux's `setpriv
+    --pdeathsig`, kept across exec). torchrun starts each rank in a session of its own, and
+    `start_child` each child in one of its own: without this a SIGKILLed `awrl train` left torchrun and
+    its ranks training beside the trainer started in its place (seen in a chaos soak: the same groups
+    trained twice, the same version numbers published twice)."""
+    setpriv = shutil.which("setpriv")
+    return [setpriv, "--pdeathsig", "KILL", "--", *command] if setpriv else command
+
+
+def start_child(command: list[str], env: dict[str, str] | None = None, log: IO | None = None) -> subprocess.Popen:
+    """Start a child of this command (a run's ledger writer, torchrun) in a process group of its own,
+    so `stop_child` reaches its own children too, and killed with this process (`dies_with_parent`)."""
+    return subprocess.Popen(dies_with_parent(command), env=env, stdin=subprocess.DEVNULL, stdout=log,
+                            stderr=subprocess.STDOUT if log else None, start_new_session=True)
+
+
+def stop_child(proc: subprocess.Popen, timeout_s: float = 30.0) -> int:
+    """SIGTERM the child's whole process group, SIGKILL if it lingers; its exit status."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    return proc.returncode
 
 
 def respawn(proc: ServiceProc, timeout: float = 60.0) -> ServiceProc:

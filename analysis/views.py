@@ -72,7 +72,7 @@ a `WHERE run_id = ...` above reach the files' scan."""
 
 
 @cache
-def sql(name: str) -> str:
+def load_sql(name: str) -> str:
     """The text of `analysis/sql/<name>.sql`."""
     return (SQL_DIR / f"{name}.sql").read_text()
 
@@ -97,9 +97,9 @@ def connect(source: Source, *, run_id: str | None = None, read_only: bool = True
     _register_stored(con, fs, root, files)
     _register_once(con)
     _register_udfs(con)
-    con.execute(sql("macros"))
+    con.execute(load_sql("macros"))
     for name in VIEWS:
-        con.execute(sql(name))
+        con.execute(load_sql(name))
     if read_only:
         _lock(con, root if isinstance(fs, pafs.LocalFileSystem) else None)
     return con
@@ -127,7 +127,7 @@ def _register_once(con: duckdb.DuckDBPyConnection) -> None:
     hold a duplicate, a plain view for the others. The duplicates are found once here, not in every
     query: a window over every row cost the 1M-step drift report 0.9 s (1.2 -> 2.1 s), a third of
     its budget, on ledgers that almost always hold none."""
-    con.execute(sql("duplicate_events"))
+    con.execute(load_sql("duplicate_events"))
     duplicated = {t for (t,) in con.execute("SELECT DISTINCT event_type FROM duplicate_events").fetchall()}
     views = {**{view: cls.__name__ for view, cls in RAW_VIEWS.items()}, **dict.fromkeys(SUMMARIZED, "StepRecorded")}
     for view, event_type in views.items():

@@ -183,7 +183,7 @@ def _declare_qwen2_tokenizer(config_path: Path) -> None:
     config_path.write_text(json.dumps(config, indent=2) + "\n")
 
 
-if __name__ == "__main__":  # python -m model.policy [DIR]: build the tiny policy's directory
+if __name__ == "__main__":  # python -m model.hf_io [DIR]: build the tiny policy's directory
     import sys
     import time
 
