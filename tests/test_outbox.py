@@ -198,12 +198,29 @@ def test_a_send_that_raises_before_its_future_leaves_the_event_to_be_sent_again(
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(420)
+def _partition_state(state) -> dict:
+    return {k: v for k, v in vars(state).items() if v not in (None, False, -1)}
+
+
+def _consumer_state(reader) -> str:
+    """What a consumer that gets no records thinks: its assignment, positions and metadata."""
+    k = reader._kafka
+    assigned = sorted(k.assignment())
+    return (f"no records: cluster {reader.cluster_id} (polled {reader.polled_cluster}), "
+            f"assigned {[(tp.partition, _partition_state(k._subscription.assignment[tp])) for tp in assigned]}, "
+            f"partitions {[sorted(k.partitions_for_topic(t) or ()) for t in k.subscription() or ()]}, "
+            f"coordinator {k._coordinator.coordinator_id}, generation {k._coordinator._generation}, "
+            f"paused {sorted(tp.partition for tp in k.paused())}")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(420)
 def test_offsets_of_a_lost_log_are_never_committed_past_what_the_new_log_handed_out(stack, settings, tmp_path):
     """A consumer computed offsets in the log a broker lost; committed to the broker that replaced it,
     they would make the group's next reader skip records it never handed out. `commit` clips them to
     what `poll()` returned in the new log."""
-    from pipeline.bus import EventConsumer
+    from pipeline.consumer import EventConsumer
     from pipeline.topics import ROLLOUT
 
     from samples import sample_step
@@ -231,8 +248,11 @@ def test_offsets_of_a_lost_log_are_never_committed_past_what_the_new_log_handed_
         producer = EventProducer(settings)
         producer.publish_all(steps(20))
         new = []
-        while not new:  # the first poll finds the broker replaced and starts the new log over
+        for _ in range(300):  # the first poll finds the broker replaced and starts the new log over
             new += reader.poll(timeout_ms=500, max_records=5)
+            if new:
+                break
+        assert new, _consumer_state(reader)
         assert [d.offset for d in new] == [0, 1, 2, 3, 4] and reader.broker_replacements == 1
         assert reader.commit(lost_log)  # committed, but no further than the 5 records handed out
         reader.close()
@@ -252,11 +272,16 @@ def test_offsets_of_a_lost_log_are_never_committed_past_what_the_new_log_handed_
 @pytest.mark.timeout(180)
 def test_a_trainer_resumes_from_its_past_after_the_broker_lost_its_log(stack, settings, tmp_path):
     """v0 and v1 are in the ledger, v2 only in the trainer's outbox when the broker dies: the trainer
-    started again resumes from v2, not from version 0 (the log alone: empty)."""
-    from pipeline.bus import read_log
+    started again resumes from v2, not from version 0 (the log alone: empty). And the folds that follow
+    the run, the live progress (updates) and the curriculum (finished groups' episodes), count each event
+    once: one of each is in the ledger's past, one is sent again by its restarted producer's outbox."""
+    from app.training import RunProgress
+    from pipeline.consumer import read_log
     from pipeline.history import follow_run
-    from pipeline.topics import TRAINER
-    from schemas import GroupDropped, PolicyVersionPublished
+    from pipeline.topics import ROLLOUT, TRAINER
+    from rollout.curriculum import Curriculum
+    from schemas import GroupCompleted, GroupDropped, PolicyVersionPublished, UpdateApplied
+    from schemas.observation import Task
     from trainer.train import TRAINER_CLIENT, _resume_state
 
     kafka = start_tansu(tmp_path, port=None)
@@ -264,17 +289,34 @@ def test_a_trainer_resumes_from_its_past_after_the_broker_lost_its_log(stack, se
     settings = settings.model_copy(update={"kafka_bootstrap": own.kafka_bootstrap, "outbox_dir": tmp_path / "outbox",
                                            "ledger_uri": str(tmp_path / "ledger")})
     run_id = f"past-{uuid.uuid4().hex[:6]}"
-    version = lambda v: PolicyVersionPublished(run_id=run_id, version=v, checkpoint_uri=f"s3://awrl/v{v}",  # noqa: E731
-                                               checkpoint_sha256="ab" * 32, parent_version=v - 1 if v else None)
+    def version(v: int) -> PolicyVersionPublished:
+        return PolicyVersionPublished(run_id=run_id, version=v, checkpoint_uri=f"s3://awrl/v{v}",
+                                      checkpoint_sha256="ab" * 32, parent_version=v - 1 if v else None)
+
+    def update(n: int) -> UpdateApplied:
+        return UpdateApplied(run_id=run_id, update_step=n, version_before=n, version_after=n + 1, group_ids=[],
+                             trajectory_ids=[], loss=0.0, grad_norm=1.0, stats={}, config_json="{}",
+                             weights_sha256="ab" * 32, duration_s=1.0)
+
+    def group(g: str) -> GroupCompleted:
+        return GroupCompleted(run_id=run_id, group_id=g, task_id="t", trajectory_ids=[f"{g}-{i}" for i in range(4)],
+                              rewards=[1.0, 0.0, 0.0, 1.0], num_steps=[1] * 4,
+                              outcomes=["success", "failure", "failure", "success"], min_policy_version=0,
+                              max_policy_version=0)
+
     try:
         create_topics(settings)
         producer = EventProducer(settings, client_id=TRAINER_CLIENT)
+        pool = EventProducer(settings, client_id="pool")
         producer.publish_all([version(0), GroupDropped(run_id=run_id, group_id="g1", task_id="t", reason="stale",
                                            trainer_version=1, min_policy_version=0),
-                              version(1)])
+                              past_update := update(0), version(1)])
+        pool.publish_all([past_group := group("ga")])
         LedgerWriter(settings).sync(idle_exit_s=2)
-        producer.publish_all([version(2)])  # acknowledged; the ledger writer is not running
+        producer.publish_all([update(1), version(2)])  # acknowledged; the ledger writer is not running
+        pool.publish_all([group("gb")])
         producer.close()
+        pool.close()
         own.restart("kafka", crash=True)
         create_topics(settings)
         assert [e for e in read_log(settings, TRAINER) if e.run_id == run_id] == []  # the log alone: from v0
@@ -285,15 +327,33 @@ def test_a_trainer_resumes_from_its_past_after_the_broker_lost_its_log(stack, se
         follower = threading.Thread(target=follow_run,
                                     args=(settings, TRAINER, run_id, [PolicyVersionPublished, GroupDropped],
                                           seen.append, stop, EventProducer(settings, "f"), "f"))
-        follower.start()
-        restarted = EventProducer(settings, client_id=TRAINER_CLIENT)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and len(seen) < 4:
+        progress = RunProgress()
+        curriculum = Curriculum([Task(task_id="t", suite="boxes", site="boxes", template="t", difficulty="easy",
+                                      instruction="t", start_path="/")])
+        folds = [threading.Thread(target=follow_run, args=(settings, TRAINER, run_id, [UpdateApplied],
+                                                           progress.on_trainer_event, stop,
+                                                           EventProducer(settings, "p"), "p")),
+                 threading.Thread(target=follow_run, args=(settings, ROLLOUT, run_id, [GroupCompleted],
+                                                           curriculum.on_event, stop, EventProducer(settings, "c"),
+                                                           "c"))]
+        for t in (follower, *folds):
+            t.start()
+        restarted = [EventProducer(settings, client_id=c) for c in (TRAINER_CLIENT, "pool")]
+        restarted[0].publish_all([past_update])  # in the ledger and now in the log too: a resend whose receipt
+        restarted[1].publish_all([past_group])  # never came (the outbox's last resort)
+        for _ in range(120):  # each resent event, once, or the budget runs out and the asserts say which
+            if len(seen) >= 4 and len(progress.updates) >= 2 and curriculum.state()[0].episodes >= 8:
+                break
             time.sleep(0.5)
+        time.sleep(2)  # a second copy of any of them would arrive now
         stop.set()
-        follower.join(timeout=30)
-        restarted.close()
+        for t in (follower, *folds):
+            t.join(timeout=30)
+        for r in restarted:
+            r.close()
     finally:
         own.down()
+    assert sorted(u.update_step for u in progress.updates) == [0, 1]
+    assert curriculum.state()[0].episodes == 8  # two groups of 4, each once
     assert (latest.version, first.version, skip) == (2, 0, {"g1"})
     assert sorted(getattr(e, "version", -1) for e in seen) == [-1, 0, 1, 2] and len({e.event_id for e in seen}) == 4
