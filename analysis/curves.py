@@ -12,12 +12,10 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import duckdb
-import matplotlib
 import pyarrow as pa
+from matplotlib.ticker import MaxNLocator
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
-from matplotlib.ticker import MaxNLocator  # noqa: E402
+from analysis.plotting import plt, save
 
 
 def evaluation_points(con: duckdb.DuckDBPyConnection, run_id: str) -> list[SimpleNamespace]:
@@ -44,7 +42,7 @@ def learning_curve_png(points, path: Path, title: str = "") -> Path:
     ax.set(xlabel="training wall time (min)", ylabel="success rate (95% Wilson CI)", ylim=(-0.02, 1.02),
            title=title or "learning curve")
     ax.grid(alpha=0.3)
-    return _save(fig, path)
+    return save(fig, path)
 
 
 def version_curve_png(training: pa.Table, evaluations, path: Path, title: str = "") -> Path:
@@ -83,7 +81,7 @@ def _version_axes(fig, ax, path: Path, ylabel: str, title: str) -> Path:
     ax.set(xlabel="policy version", ylabel=ylabel, ylim=(-0.02, 1.02), title=title)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    return _save(fig, path)
+    return save(fig, path)
 
 
 def _evaluation_markers(ax, points, x: list[float], **style) -> None:
@@ -97,14 +95,6 @@ def _evaluation_markers(ax, points, x: list[float], **style) -> None:
                     xytext=(6, 8 + 22 * above), fontsize=8)
 
 
-def _save(fig, path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
-
-
 def rebatch_png(found, path: Path) -> Path:
     """`found`: an `analysis.rebatch.Rebatch`."""
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.6))
@@ -115,4 +105,4 @@ def rebatch_png(found, path: Path) -> Path:
     right.set(xlabel="group advantage", ylabel="trajectories", title="advantages of admitted groups")
     a = found.admission
     fig.suptitle(f"{found.run_id}: eta={a.eta}, filter={a.filter}: {len(found.admitted)}/{found.groups} admitted")
-    return _save(fig, path)
+    return save(fig, path)

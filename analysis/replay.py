@@ -45,6 +45,7 @@ from model.inputs import forward_log_softmax, inputs_from_ids, suppressed_token_
 from pipeline.checkpoints import CheckpointStore
 from pipeline.hashing import weights_sha256
 from pipeline.ledger import read_events
+from pipeline.markdown import markdown_table
 from pipeline.settings import StackSettings
 from pipeline.store import ScreenshotStore
 from schemas import BY_NAME, UpdateApplied, table_to_events
@@ -363,22 +364,20 @@ def _value(r: Replayed, key: str) -> float:
 
 def write_report(results: list[BatchReplay], out_dir: Path, title: str) -> Path:
     """Markdown side by side (recorded config vs variant, per optimizer step) and a PNG of the same."""
-    import matplotlib  # here: the Agg backend must be chosen before pyplot loads, and only reports need it
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from analysis.plotting import plt, save  # here: only reports need matplotlib (a second to load)
 
     out_dir.mkdir(parents=True, exist_ok=True)
     steps = [(b, s, v) for b in results for s, v in zip(b.same, b.variant or [None] * len(b.same))]
     lines = [f"# {title}", "", f"Bit-exact replay of the recorded config: "
              f"{sum(b.exact for b in results)}/{len(results)} batches.", ""]
     head = ["update", "exact"] + [f"{k} (rec / var)" for k in REPORTED] + ["KL(rec || var)"]
-    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    rows = []
     for b, s, v in steps:
         cells = [str(s.update_step), "yes" if b.exact else "NO"]
         cells += [f"{_value(s, k):.4g} / {_value(v, k):.4g}" if v else f"{_value(s, k):.4g}" for k in REPORTED]
         cells.append("-" if b.kl is None else f"{b.kl:.3g}")
-        lines.append("| " + " | ".join(cells) + " |")
+        rows.append(cells)
+    lines += markdown_table(head, rows)
     fig, axes = plt.subplots(1, len(REPORTED), figsize=(3.2 * len(REPORTED), 3))
     x = [s.update_step for _, s, _ in steps]
     for ax, key in zip(axes, REPORTED):
@@ -388,9 +387,7 @@ def write_report(results: list[BatchReplay], out_dir: Path, title: str) -> Path:
         ax.set(title=key, xlabel="update")
     axes[0].legend(fontsize=7)
     fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(out_dir / "replay.png", dpi=100)
-    plt.close(fig)
+    save(fig, out_dir / "replay.png", dpi=100)
     lines += ["", "![replay](replay.png)", ""]
     (out_dir / "replay.md").write_text("\n".join(lines))
     return out_dir / "replay.md"

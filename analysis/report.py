@@ -13,14 +13,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import duckdb
-import matplotlib
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
-
-from analysis.curves import evaluation_points, success_by_version, version_curve_png  # noqa: E402
-from analysis.drift import DriftConfig, DriftReport, drift_metrics  # noqa: E402
-from analysis.views import load_sql  # noqa: E402
+from analysis.curves import evaluation_points, success_by_version, version_curve_png
+from analysis.drift import DriftConfig, DriftReport, drift_metrics
+from analysis.plotting import plt, save
+from analysis.views import load_sql
+from pipeline.markdown import markdown_table
 
 TIME_BINS = 20
 PAPER = {  # AsyncWebRL, arXiv 2606.05597, "Memory-schema drift" and "Two inefficiencies": (1/|tau| run, 1/k run)
@@ -74,11 +72,9 @@ def _fmt(value, percent: bool = False) -> str:
 def _markdown(r: DriftReport, plots: list[Path]) -> str:
     rows = [(k, v) for k, v in r.to_dict().items() if not isinstance(v, list) and k != "run_id"]
     lines = [f"# Run `{r.run_id}`", "",
-             "Metric definitions: `analysis/drift.py`. Paper columns: AsyncWebRL, arXiv 2606.05597.", "",
-             "| metric | this run | paper, 1/\\|tau\\| | paper, 1/k |", "|---|---|---|---|"]
-    for key, value in rows:
-        tau, k = PAPER.get(key, ("", ""))
-        lines.append(f"| {key} | {_fmt(value, key.endswith('_ratio'))} | {tau} | {k} |")
+             "Metric definitions: `analysis/drift.py`. Paper columns: AsyncWebRL, arXiv 2606.05597.", ""]
+    cells = [[key, _fmt(value, key.endswith("_ratio")), *PAPER.get(key, ("", ""))] for key, value in rows]
+    lines += markdown_table(["metric", "this run", "paper, 1/|tau|", "paper, 1/k"], cells)
     if r.clip_rate_by_update:
         n = len(r.clip_rate_by_update)
         lines += ["", f"Clip-trigger rate over {n} updates: mean {_fmt(r.clip_rate_mean, True)}."]
@@ -92,13 +88,6 @@ def _markdown(r: DriftReport, plots: list[Path]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _save(fig, path: Path) -> Path:
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
-
-
 def _plot_keys(con, run_id: str, path: Path) -> Path | None:
     rows = _fetch(con, "report_keys_by_outcome", {"run_id": run_id})
     if not rows:
@@ -109,7 +98,7 @@ def _plot_keys(con, run_id: str, path: Path) -> Path | None:
         ax.plot(*zip(*pts), marker="o", label=outcome)
     ax.set(xlabel="step index", ylabel="mean memory keys", title="Memory keys per step")
     ax.legend()
-    return _save(fig, path)
+    return save(fig, path)
 
 
 def _plot_lengths(con, run_id: str, path: Path) -> Path | None:
@@ -125,7 +114,7 @@ def _plot_lengths(con, run_id: str, path: Path) -> Path | None:
             ax.hist(lengths, bins=bins, alpha=0.6, label=f"{outcome} (mean {sum(lengths) / len(lengths):.1f})")
     ax.set(xlabel="trajectory length (steps)", ylabel="trajectories", title="Length by outcome")
     ax.legend()
-    return _save(fig, path)
+    return save(fig, path)
 
 
 def _plot_success(con, run_id: str, path: Path) -> Path | None:
@@ -136,7 +125,7 @@ def _plot_success(con, run_id: str, path: Path) -> Path | None:
     ax.plot([r[1] for r in rows], [r[3] for r in rows], marker="o")
     ax.set(xlabel="minutes since first finished trajectory", ylabel="success rate", ylim=(0, 1),
            title="Success rate over time")
-    return _save(fig, path)
+    return save(fig, path)
 
 
 def _plot_versions(con, run_id: str, path: Path) -> Path | None:

@@ -12,10 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import duckdb
-import matplotlib
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
+from analysis.plotting import plt, save
 
 EPISODES = """
     select s.worker_id, epoch(s.emitted_at) as t0, epoch(f.emitted_at) as t1, f.outcome = 'success' as won
@@ -47,9 +45,4 @@ def timeline_png(con: duckdb.DuckDBPyConnection, run_id: str, path: Path, title:
     ax.invert_yaxis()
     ax.set_xlabel("seconds since the first episode")
     ax.set_title(title or f"timeline of {run_id}")
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save(fig, Path(path))

@@ -26,6 +26,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from pipeline.markdown import markdown_table
+
 # rich lays out for 80 columns when it cannot ask a terminal, which wraps a table or cuts a line
 # mid-field in a log; these consoles print only tables and lines (no panels), so as wide as the text.
 console = Console(soft_wrap=True, highlight=False, width=None if sys.stdout.isatty() else 1 << 16)
@@ -111,9 +113,7 @@ def emit_rows(columns: list[str], rows: Iterable[Iterable], fmt: Format, title: 
         csv.writer(out, lineterminator="\n").writerows([columns, *cells])
         print(out.getvalue(), end="")
     else:
-        def line(values):
-            return "| " + " | ".join(v.replace("|", "\\|").replace("\n", " ") for v in values) + " |"
-        print("\n".join([line(columns), "|" + "---|" * len(columns), *map(line, cells)]))
+        print("\n".join(markdown_table(columns, cells)))
 
 
 def emit_record(record: Mapping[str, object], fmt: Format, title: str | None = None) -> None:

@@ -16,7 +16,7 @@ COLUMNS = ("run_id", "started_at", "command", "suite", "versions", "episodes", "
 
 
 @runs_app.callback()
-def runs(ctx: typer.Context, format: Format = FORMAT, ledger: str = LEDGER,  # noqa: A002
+def runs(ctx: typer.Context, format: Format = FORMAT, ledger: str = LEDGER,  # noqa: A002 - the option's name
          last: bool = typer.Option(False, "--last", help="Print only the id of the latest run started by "
                                                          "`awrl run`, `demo` or `train` (for scripts: RUN=$(...))."),
          ) -> None:

@@ -122,7 +122,10 @@ def main(size: str = "bench", reps: int = 3, ranks: int = 2,
         finally:
             stack.down()
     write_json("async_checkpoint", result)
-    mean = lambda mode, key: sum(r[key] for r in result["rows"] if r["mode"] == mode) / reps  # noqa: E731
+
+    def mean(mode, key):
+        return sum(r[key] for r in result["rows"] if r["mode"] == mode) / reps
+
     rows = [[mode, f"{mean(mode, 'blocked_s'):.2f}", f"{mean(mode, 'durable_s'):.2f}", f"{mean(mode, 'update_s'):.2f}"]
             for mode in MODES]
     rows.append(["async / sync", f"{mean('async', 'blocked_s') / mean('sync', 'blocked_s'):.2f}x", "", ""])

@@ -26,10 +26,10 @@ import typer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kafka import KafkaAdminClient  # noqa: E402
-from kafka.admin import NewTopic  # noqa: E402
+from kafka import KafkaAdminClient
+from kafka.admin import NewTopic
 
-from pipeline.stack.tansu import start_tansu  # noqa: E402
+from pipeline.stack.tansu import start_tansu
 
 MEMBER = r'''
 import json, signal, sys, time

@@ -92,7 +92,7 @@ def _invalid_shares(settings, eval_run_ids: list[str]) -> dict[str, float]:
         rows = connect(settings).execute(
             "SELECT run_id, avg((error_class IS NOT DISTINCT FROM 'invalid_action')::INT) FROM steps "
             f"WHERE run_id IN ({', '.join('?' for _ in eval_run_ids)}) GROUP BY run_id", eval_run_ids).fetchall()
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:  # noqa: BLE001 - a missing column must not lose the sweep's results
         console.print(f"[red]invalid-action shares unavailable: {e!r}")
         return {}
     return dict(rows)

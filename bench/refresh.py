@@ -46,6 +46,7 @@ from model.hf_io import ensure_policy, load_policy, save_policy, stored_weights
 from model.push import WeightSender
 from pipeline.checkpoints import CheckpointStore
 from pipeline.hashing import weights_sha256
+from pipeline.markdown import markdown_table
 from pipeline.stack.local import LocalStack
 from rollout.policy.local import LocalPolicy
 from schemas.observation import Observation
@@ -148,9 +149,7 @@ def main(reps: int = 10) -> None:
         table.add_row(*row)
     console.print(table)
     header = ["stage", "median s", "min s", "max s", "MB/s (median)", "warm-up s"]
-    md = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    md += ["| " + " | ".join(r) + " |" for r in rows]
-    console.print(f"\n{title}\n\n" + "\n".join(md), markup=False, highlight=False)
+    console.print(f"\n{title}\n\n" + "\n".join(markdown_table(header, rows)), markup=False, highlight=False)
     out = Path(__file__).parent / "out"
     out.mkdir(exist_ok=True)
     (out / "refresh.json").write_text(json.dumps(results, indent=2))

@@ -9,6 +9,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from pipeline.markdown import markdown_table
+
 console = Console()
 OUT = Path(__file__).parent / "out"
 
@@ -20,8 +22,7 @@ def show(title: str, head: list[str], rows: list[list[str]]) -> None:
     for row in rows:
         table.add_row(*row)
     console.print(table)
-    md = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head), *("| " + " | ".join(r) + " |" for r in rows)]
-    console.print("\n".join(md), markup=False, highlight=False)
+    console.print("\n".join(markdown_table(head, rows)), markup=False, highlight=False)
 
 
 def write_json(name: str, data) -> Path:

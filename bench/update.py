@@ -31,6 +31,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from pipeline.markdown import markdown_table
+
 console = Console()
 
 
@@ -146,13 +148,14 @@ def main(groups: int = 4, reps: int = 3) -> None:
     table = Table(title=f"one update: {groups} groups, {steps} steps, {tokens} response tokens (median of {reps})")
     for col in ("variant", "median s", "min s", "max s", "vs 1 process"):
         table.add_column(col)
-    md = ["| variant | median s | min s | max s | vs 1 process |", "|---|---|---|---|---|"]
+    rows = []
     for name, ts in results.items():
         row = [name, f"{statistics.median(ts):.2f}", f"{min(ts):.2f}", f"{max(ts):.2f}",
                f"{statistics.median(ts) / base:.2f}x"]
         table.add_row(*row)
-        md.append("| " + " | ".join(row) + " |")
+        rows.append(row)
     console.print(table)
+    md = markdown_table(["variant", "median s", "min s", "max s", "vs 1 process"], rows)
     console.print("\n".join(md), markup=False, highlight=False)
     out = Path(__file__).parent / "out"
     out.mkdir(exist_ok=True)

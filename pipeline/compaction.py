@@ -134,7 +134,10 @@ class Manifest:
 
     def doc(self, **changes) -> bytes:
         m = replace(self, **changes)
-        names = lambda paths: sorted(p.rsplit("/", 1)[-1] for p in paths)  # noqa: E731
+
+        def names(paths):
+            return sorted(p.rsplit("/", 1)[-1] for p in paths)
+
         return json.dumps({"state": m.state, "prefix": m.prefix, "sources": names(m.sources), "at": m.at,
                            "outputs": names(m.outputs), "supersedes": names(m.supersedes)}).encode()
 
@@ -377,7 +380,10 @@ def _is_manifest(path: str) -> bool:
 
 def _parse(path: str, doc: dict, info: pafs.FileInfo | None) -> Manifest:
     directory, name = path.rsplit("/", 1)
-    full = lambda names: frozenset(f"{directory}/{n}" for n in names or ())  # noqa: E731
+
+    def full(names):
+        return frozenset(f"{directory}/{n}" for n in names or ())
+
     at = doc.get("at", doc.get("committed_at") or doc.get("aborted_at"))
     if at is None:  # a pending manifest from before claims were dated
         at = info.mtime.timestamp() if info is not None else time.time()

@@ -54,8 +54,8 @@ from pipeline.compaction import CompactionConfig, CompactionResult, compact_run,
 from pipeline.consumer import Delivered, EventConsumer, Rejected
 from pipeline.files import write_atomic
 from pipeline.ledger_claims import Chains, Placed, fetch_range
-from pipeline.ledger_config import LedgerConfig, LedgerStats  # noqa: F401 - imported from here
-from pipeline.ledger_dead_letters import DEAD_LETTERS, dead_letter_table, read_dead_letters  # noqa: F401
+from pipeline.ledger_config import LedgerConfig, LedgerStats  # also imported from here
+from pipeline.ledger_dead_letters import DEAD_LETTERS, dead_letter_table, read_dead_letters  # noqa: F401 - imported from here
 from pipeline.ledger_journal import ClaimedFile, Journal, RecentIds, s3_create, s3_put
 from pipeline.ledger_resends import LedgerLookup, Memory
 from pipeline.receipts import ReceiptReader, ReceiptWriter

@@ -72,7 +72,7 @@ def columnar_class(model: type[Event]) -> type[Event]:
 
 
 _ADAPTER: TypeAdapter[Event] = TypeAdapter(
-    Annotated[Union[tuple(columnar_class(cls) for cls in EVENT_TYPES)], Field(discriminator="event_type")]  # noqa: UP007
+    Annotated[Union[tuple(columnar_class(cls) for cls in EVENT_TYPES)], Field(discriminator="event_type")]  # noqa: UP007 - a Union over a computed tuple
 )
 
 

@@ -430,7 +430,7 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     EvaluationCompleted,
     PolicyVersionLoaded,
 )
-AnyEvent = Annotated[Union[EVENT_TYPES], Field(discriminator="event_type")]  # noqa: UP007 (a tuple of classes)
+AnyEvent = Annotated[Union[EVENT_TYPES], Field(discriminator="event_type")]  # noqa: UP007 - a Union over a tuple of classes
 EVENT_ADAPTER: TypeAdapter[Event] = TypeAdapter(AnyEvent)
 BY_NAME: dict[str, type[Event]] = {cls.__name__: cls for cls in EVENT_TYPES}
 

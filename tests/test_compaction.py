@@ -185,7 +185,10 @@ def test_two_passes_that_listed_the_same_files_at_once_commit_at_most_once(tmp_p
     steps, files = _aged(root)
     fs, r = ledger_filesystem(StackSettings(ledger_uri=root))
     gate = _Gate(2, "pending")
-    one = lambda: compact_run(fs, r, RUN, CompactionConfig(), gate)["StepRecorded"]  # noqa: E731
+
+    def one():
+        return compact_run(fs, r, RUN, CompactionConfig(), gate)["StepRecorded"]
+
     results = _together(one, one)
     assert sum(x.yielded for x in results) >= 1 and _counts(root) == (steps, steps)
     again = compact_ledger(StackSettings(ledger_uri=root), RUN)["StepRecorded"]

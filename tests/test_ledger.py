@@ -81,7 +81,10 @@ def test_writer_killed_with_sigkill_loses_nothing_duplicates_nothing(settings, t
     rng = random.Random(7)
     threading.Thread(target=produce).start()
     kills = 0
-    files = lambda: len(list((tmp_path / "ledger").rglob("*.parquet")))  # noqa: E731
+
+    def files():
+        return len(list((tmp_path / "ledger").rglob("*.parquet")))
+
     while not done.is_set() or kills < 3:
         proc = subprocess.Popen(writer_cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         before, deadline = files(), time.monotonic() + 60
@@ -136,7 +139,10 @@ def test_two_writers_share_the_log_and_one_sigkilled_mid_file_loses_and_duplicat
             writers.append(subprocess.Popen(cmd, env={**env, "AWRL_LOG_LEVEL": "INFO"}, stdout=log,
                                             stderr=subprocess.STDOUT))
     threading.Thread(target=produce).start()
-    files = lambda: len(list((tmp_path / "ledger").rglob("*.parquet")))  # noqa: E731
+
+    def files():
+        return len(list((tmp_path / "ledger").rglob("*.parquet")))
+
     deadline = time.monotonic() + 90
     while files() < 4 and time.monotonic() < deadline:
         time.sleep(0.1)

@@ -211,6 +211,8 @@ def _consumer_state(reader) -> str:
             f"assigned {[(tp.partition, _partition_state(k._subscription.assignment[tp])) for tp in assigned]}, "
             f"partitions {[sorted(k.partitions_for_topic(t) or ()) for t in k.subscription() or ()]}, "
             f"coordinator {k._coordinator.coordinator_id}, generation {k._coordinator._generation}, "
+            f"state {k._coordinator.state}, rejoining {k._coordinator.rejoining}, "
+            f"need_rejoin {k._coordinator.need_rejoin()}, join task {k._coordinator._join_task}, "
             f"paused {sorted(tp.partition for tp in k.paused())}")
 
 
@@ -228,7 +230,10 @@ def test_offsets_of_a_lost_log_are_never_committed_past_what_the_new_log_handed_
     kafka = start_tansu(tmp_path, port=None)
     own = LocalStack(data_dir=tmp_path, services=[kafka], kafka_bootstrap=f"127.0.0.1:{kafka.port}", s3=stack.s3)
     settings = settings.model_copy(update={"kafka_bootstrap": own.kafka_bootstrap, "outbox_dir": None})
-    steps = lambda n: [sample_step("r", "g", "g-t0", i, "ab" * 32, seed=i) for i in range(n)]  # noqa: E731
+
+    def steps(n):
+        return [sample_step("r", "g", "g-t0", i, "ab" * 32, seed=i) for i in range(n)]
+
     try:
         create_topics(settings)
         producer = EventProducer(settings)

@@ -7,7 +7,6 @@ import io
 import threading
 from collections import OrderedDict
 
-import matplotlib
 import pyarrow.parquet as pq
 from PIL import Image, ImageDraw
 
@@ -80,8 +79,7 @@ def drawn_step(png: bytes, step: dict) -> bytes:
 
 def curves_svg(series: dict[str, list[tuple[float, float]]], run_id: str) -> bytes:
     """Small multiples, one per series, against policy version (matplotlib, SVG)."""
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from analysis.plotting import plt  # here: matplotlib takes a second to load, and only this view needs it
 
     names = list(series)
     cols = 4

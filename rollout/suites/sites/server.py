@@ -136,10 +136,10 @@ def _index(req: Request) -> Response:
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
 
-    def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
+    def do_GET(self) -> None:  # noqa: N802 - http.server's naming
         self._serve("GET")
 
-    def do_POST(self) -> None:  # noqa: N802
+    def do_POST(self) -> None:  # noqa: N802 - http.server's naming
         self._serve("POST")
 
     def _serve(self, method: str) -> None:
@@ -162,5 +162,5 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
-    def log_message(self, format: str, *args) -> None:  # noqa: A002
+    def log_message(self, format: str, *args) -> None:  # noqa: A002 - stdlib signature
         pass
