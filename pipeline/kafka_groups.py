@@ -13,13 +13,29 @@ The cost: a member that stops hands its partitions on after its session timeout 
 Apache Kafka (the compose stack) is not affected, and pays the same few seconds.
 
 Remove it once the broker is fixed (`tests/test_kafka_groups.py`'s control then fails).
+
+A second fix, of kafka-python 3.0.12 itself: a rejoin pending counts as a rejoin needed, as in the Java
+client (`rejoinNeededOrPending`). A rejoin that metadata or the subscription asked for stops being
+"needed" as soon as its JoinGroup is sent (the leader's assignment snapshot and the joined
+subscription are updated then), and a `poll()` whose time ran out before the join finished leaves it
+in flight; the next `poll()` then found nothing needed and never finished it: the member stayed
+mid-rebalance, every partition pending revocation, fetching nothing, for good. A CI run lost a
+consumer this way after a broker restart (the topic came back with other partitions); made
+deterministic in `tests/test_kafka_groups.py` with polls shorter than a join.
 """
 
 from __future__ import annotations
 
 from kafka.coordinator.base import BaseCoordinator
+from kafka.coordinator.consumer import ConsumerCoordinator
 
 _library_leave = BaseCoordinator.maybe_leave_group_async
+_library_need_rejoin = ConsumerCoordinator.need_rejoin
+
+
+def _needed_or_pending(self: ConsumerCoordinator) -> bool:
+    # `rejoining`: set once the partitions were revoked for a join, cleared when its assignment is applied
+    return bool(self.rejoining) or _library_need_rejoin(self)
 
 
 async def _expire_instead(self: BaseCoordinator, reason=None, timeout_ms=None) -> None:
@@ -29,5 +45,7 @@ async def _expire_instead(self: BaseCoordinator, reason=None, timeout_ms=None) -
 
 
 def install() -> None:
-    """Every consumer group member of this process leaves by expiry (idempotent)."""
+    """Every consumer group member of this process leaves by expiry and finishes every join it
+    started (idempotent)."""
     BaseCoordinator.maybe_leave_group_async = _expire_instead
+    ConsumerCoordinator.need_rejoin = _needed_or_pending

@@ -1,20 +1,25 @@
 """`pipeline.kafka_groups` against the real local broker: a group leader's LeaveGroup between its
 JoinGroup and its SyncGroup wedges the group for good (the control, with raw requests), a leader that
-goes silent instead is expired and the group recovers, and this project's consumers leave silently.
+goes silent instead is expired and the group recovers, and this project's consumers leave silently;
+a join that outlives the `poll()` that started it is finished by the next one.
 
 Budgeted in rounds (JoinGroup/SyncGroup exchanges), not seconds."""
 
 from __future__ import annotations
 
+import re
+import time
 import uuid
 
 import pytest
-from kafka import KafkaAdminClient
+from kafka import KafkaAdminClient, KafkaConsumer
+from kafka.admin import NewTopic
 from kafka.coordinator.base import BaseCoordinator
+from kafka.coordinator.consumer import ConsumerCoordinator
 from kafka.protocol.consumer.group import JoinGroupRequest, LeaveGroupRequest, SyncGroupRequest
 
 from pipeline import kafka_groups
-from pipeline.bus import EventProducer, create_topics, group_name
+from pipeline.bus import EventProducer, create_topics, group_name, topic_name
 from pipeline.consumer import EventConsumer
 from pipeline.topics import ROLLOUT
 
@@ -131,3 +136,44 @@ def test_this_projects_consumers_leave_by_expiry(settings, monkeypatch, leaves):
     finally:
         admin.close()
         producer.close()
+
+
+@pytest.mark.parametrize("pending", ["counts as needed", "library's"])
+def test_a_join_that_outlives_its_poll_is_finished_by_the_next(settings, monkeypatch, pending):
+    """A topic the member subscribes to appears, so the leader must rejoin to assign it; every `poll()`
+    gives up before the join answers (timeout 0, as a loaded machine's short polls did after a broker
+    restart that brought a topic back with other partitions). With a pending join counted as needed the
+    next polls finish it and the member gets the new topic's partitions; the control, kafka-python's
+    own `need_rejoin`, forgets the join once the leader's assignment snapshot catches up with the
+    metadata, and the member stays mid-rebalance, fetching nothing, however long it polls."""
+    if pending != "counts as needed":
+        monkeypatch.setattr(ConsumerCoordinator, "need_rejoin", kafka_groups._library_need_rejoin)
+    create_topics(settings)
+    rollout, late = topic_name(settings, ROLLOUT), f"{settings.topic_prefix}.late-{uuid.uuid4().hex[:8]}"
+    consumer = KafkaConsumer(bootstrap_servers=settings.kafka_bootstrap, group_id=f"join-{uuid.uuid4().hex[:8]}",
+                             enable_auto_commit=False, allow_auto_create_topics=False, session_timeout_ms=6000,
+                             heartbeat_interval_ms=1000, metadata_max_age_ms=500)
+    admin = KafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap)
+    try:
+        consumer.subscribe(pattern=f"^({re.escape(rollout)}|{re.escape(late)})$")  # no client asks for `late`
+        for _ in range(60):
+            consumer.poll(timeout_ms=500)
+            if consumer.assignment():
+                break
+        assert {tp.topic for tp in consumer.assignment()} == {rollout}, "the consumer joined its group"
+        admin.create_topics([NewTopic(late, num_partitions=2, replication_factor=1)])
+        for _ in range(200):  # the metadata names the new topic: a rejoin starts, and outlives each poll
+            consumer.poll(timeout_ms=0)
+            time.sleep(0.02)
+        for _ in range(ROUNDS * 6):  # then polls as long as a few sessions, each of 1 s
+            consumer.poll(timeout_ms=1000)
+            if late in {tp.topic for tp in consumer.assignment()}:
+                break
+        topics, joining = {tp.topic for tp in consumer.assignment()}, consumer._coordinator.rejoining
+    finally:
+        consumer.close()
+        admin.close()
+    if pending == "counts as needed":
+        assert topics == {rollout, late} and not joining
+    else:
+        assert topics == {rollout} and joining, "the control should have stayed mid-rebalance"
