@@ -48,10 +48,11 @@ test: setup vllm-env lint
 test-fast: setup lint
 	$(BIN)/python -m pytest -q -ra -m "not slow" $(XDIST) $(PYTEST_ARGS)
 
-# The linter (configured in pyproject.toml), run by both test targets before pytest; it needs the venv
-# only, not the Debian packages.
+# The linter and the formatter's check (configured in pyproject.toml), run by both test targets before
+# pytest; they need the venv only, not the Debian packages.
 lint: $(VENV)/.installed
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 
 demo: setup
 	$(BIN)/awrl demo $(DEMO_ARGS)

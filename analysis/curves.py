@@ -20,17 +20,23 @@ from analysis.plotting import plt, save
 
 def evaluation_points(con: duckdb.DuckDBPyConnection, run_id: str) -> list[SimpleNamespace]:
     """The `evaluations` view's points of one run, in order of training time."""
-    rows = con.execute("""select stage, success_rate, ci95_low, ci95_high, train_s, episodes, policy_version
+    rows = con.execute(
+        """select stage, success_rate, ci95_low, ci95_high, train_s, episodes, policy_version
                           from evaluations where run_id = $run order by train_s, evaluated_at""",
-                       {"run": run_id}).fetchall()
-    return [SimpleNamespace(stage=s, rate=r, ci95=(lo, hi), train_s=t, episodes=n, policy_version=v)
-            for s, r, lo, hi, t, n, v in rows]
+        {"run": run_id},
+    ).fetchall()
+    return [
+        SimpleNamespace(stage=s, rate=r, ci95=(lo, hi), train_s=t, episodes=n, policy_version=v)
+        for s, r, lo, hi, t, n, v in rows
+    ]
 
 
 def success_by_version(con: duckdb.DuckDBPyConnection, run_id: str) -> pa.Table:
     """The `success_by_version` view's rows of one run (without `run_id`), by policy version."""
-    return con.sql("select * exclude (run_id) from success_by_version where run_id = $run order by policy_version",
-                   params={"run": run_id}).to_arrow_table()
+    return con.sql(
+        "select * exclude (run_id) from success_by_version where run_id = $run order by policy_version",
+        params={"run": run_id},
+    ).to_arrow_table()
 
 
 def learning_curve_png(points, path: Path, title: str = "") -> Path:
@@ -39,8 +45,12 @@ def learning_curve_png(points, path: Path, title: str = "") -> Path:
         raise ValueError("no evaluations to plot")
     fig, ax = plt.subplots(figsize=(6.5, 4))
     _evaluation_markers(ax, points, [p.train_s / 60 for p in points], marker="o", color="tab:blue")
-    ax.set(xlabel="training wall time (min)", ylabel="success rate (95% Wilson CI)", ylim=(-0.02, 1.02),
-           title=title or "learning curve")
+    ax.set(
+        xlabel="training wall time (min)",
+        ylabel="success rate (95% Wilson CI)",
+        ylim=(-0.02, 1.02),
+        title=title or "learning curve",
+    )
     ax.grid(alpha=0.3)
     return save(fig, path)
 
@@ -55,8 +65,14 @@ def version_curve_png(training: pa.Table, evaluations, path: Path, title: str = 
     if training.num_rows:
         _success_line(ax, training, "training tasks", "tab:blue")
     if evaluations:
-        _evaluation_markers(ax, evaluations, [p.policy_version for p in evaluations], fmt="s", color="tab:orange",
-                            label="held-out evaluations")
+        _evaluation_markers(
+            ax,
+            evaluations,
+            [p.policy_version for p in evaluations],
+            fmt="s",
+            color="tab:orange",
+            label="held-out evaluations",
+        )
     return _version_axes(fig, ax, path, "success rate (95% Wilson CI)", title or "learning curve by policy version")
 
 
@@ -91,8 +107,13 @@ def _evaluation_markers(ax, points, x: list[float], **style) -> None:
     ax.errorbar(x, [p.rate for p in points], yerr=err, capsize=4, **style)
     for i, (p, xi) in enumerate(zip(points, x)):
         above = x[:i].count(xi)
-        ax.annotate(f"{p.stage}\n{p.rate:.2f} (n={p.episodes})", (xi, p.rate), textcoords="offset points",
-                    xytext=(6, 8 + 22 * above), fontsize=8)
+        ax.annotate(
+            f"{p.stage}\n{p.rate:.2f} (n={p.episodes})",
+            (xi, p.rate),
+            textcoords="offset points",
+            xytext=(6, 8 + 22 * above),
+            fontsize=8,
+        )
 
 
 def rebatch_png(found, path: Path) -> Path:

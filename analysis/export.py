@@ -66,24 +66,30 @@ class TensorBoardExport:
 
     def _updates(self, con) -> int:
         n = 0
-        for u in rows(con, f"SELECT update_step, stats, applied_at, {', '.join(UPDATE_COLUMNS)}, "
-                           f"COLUMNS('^{MISMATCH}') FROM updates "
-                           "WHERE run_id = $r AND update_step > $after ORDER BY update_step",
-                      {"r": self.run_id, "after": self.last_update}):
+        for u in rows(
+            con,
+            f"SELECT update_step, stats, applied_at, {', '.join(UPDATE_COLUMNS)}, "
+            f"COLUMNS('^{MISMATCH}') FROM updates "
+            "WHERE run_id = $r AND update_step > $after ORDER BY update_step",
+            {"r": self.run_id, "after": self.last_update},
+        ):
             for column in UPDATE_COLUMNS:
                 n += self._scalar(f"update/{column}", u[column], u["update_step"], u["applied_at"])
             for key, value in sorted((u["stats"] or {}).items()):
                 if not key.startswith(MISMATCH):
                     n += self._scalar(f"update/{key}", value, u["update_step"], u["applied_at"])
             for column in sorted(c for c in u if c.startswith(MISMATCH)):
-                n += self._scalar(f"mismatch/{column.removeprefix(MISMATCH)}", u[column], u["update_step"],
-                                  u["applied_at"])
+                n += self._scalar(
+                    f"mismatch/{column.removeprefix(MISMATCH)}", u[column], u["update_step"], u["applied_at"]
+                )
             self.last_update = u["update_step"]
         return n
 
     def _versions(self, con) -> int:
         n = 0
-        for v in rows(con, """
+        for v in rows(
+            con,
+            """
             WITH published AS (
                 SELECT version, published_at, lead(published_at) OVER (ORDER BY version) AS next_at
                 FROM policy_versions WHERE run_id = $r)
@@ -91,7 +97,9 @@ class TensorBoardExport:
                    (SELECT count(*) FROM steps WHERE run_id = $r AND policy_version = p.version)
                        / epoch(p.next_at - p.published_at) AS steps_per_s
             FROM published AS p LEFT JOIN success_by_version AS b ON b.run_id = $r AND b.policy_version = p.version
-            WHERE p.next_at IS NOT NULL ORDER BY p.version""", {"r": self.run_id}):
+            WHERE p.next_at IS NOT NULL ORDER BY p.version""",
+            {"r": self.run_id},
+        ):
             if v["version"] in self.versions_done:
                 continue
             n += self._scalar("rollout/success_rate", v["success_rate"], v["version"], v["next_at"])
@@ -101,11 +109,16 @@ class TensorBoardExport:
 
     def _evaluations(self, con) -> int:
         n = 0
-        for e in rows(con, "SELECT event_id, split, policy_version, success_rate, evaluated_at FROM evaluations "
-                           "WHERE run_id = $r ORDER BY evaluated_at", {"r": self.run_id}):
+        for e in rows(
+            con,
+            "SELECT event_id, split, policy_version, success_rate, evaluated_at FROM evaluations "
+            "WHERE run_id = $r ORDER BY evaluated_at",
+            {"r": self.run_id},
+        ):
             if e["event_id"] not in self.evaluations_done:
-                n += self._scalar(f"eval/{e['split']}/success_rate", e["success_rate"], e["policy_version"],
-                                  e["evaluated_at"])
+                n += self._scalar(
+                    f"eval/{e['split']}/success_rate", e["success_rate"], e["policy_version"], e["evaluated_at"]
+                )
                 self.evaluations_done.add(e["event_id"])
         return n
 
@@ -129,8 +142,15 @@ class UnreadableScreenshot(LookupError):
     """A step's screenshot is missing from the store or does not hash to its name."""
 
 
-def export_dataset(con: duckdb.DuckDBPyConnection, get_screenshot, run_id: str, out_dir: Path | str,
-                   rows_per_file: int = 2000, skip_unreadable: bool = False, on_file=None) -> tuple[list[Path], int]:
+def export_dataset(
+    con: duckdb.DuckDBPyConnection,
+    get_screenshot,
+    run_id: str,
+    out_dir: Path | str,
+    rows_per_file: int = 2000,
+    skip_unreadable: bool = False,
+    on_file=None,
+) -> tuple[list[Path], int]:
     """The run's steps as Parquet files under `out_dir`, one row per step with its trajectory's outcome,
     reward and group advantage, and the screenshot itself (`image`: {bytes, path}, verified by
     `get_screenshot(sha) -> bytes`). The schema carries the `datasets` library's feature metadata, so
@@ -141,13 +161,16 @@ def export_dataset(con: duckdb.DuckDBPyConnection, get_screenshot, run_id: str, 
     `on_file(path)` is called after each file (progress)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    query = con.sql(f"""
+    query = con.sql(
+        f"""
         SELECT {STEP_COLUMNS}
         FROM steps AS s
         LEFT JOIN trajectories AS t USING (run_id, trajectory_id)
         LEFT JOIN (SELECT unnest(trajectory_ids) AS trajectory_id, unnest(advantages) AS advantage
                    FROM groups WHERE run_id = $r) AS a USING (trajectory_id)
-        WHERE s.run_id = $r ORDER BY s.trajectory_id, s.step""", params={"r": run_id})
+        WHERE s.run_id = $r ORDER BY s.trajectory_id, s.step""",
+        params={"r": run_id},
+    )
     written, skipped = [], 0
     try:
         for part, record_batch in enumerate(query.to_arrow_reader(rows_per_file)):
@@ -155,19 +178,22 @@ def export_dataset(con: duckdb.DuckDBPyConnection, get_screenshot, run_id: str, 
             keep, images = [], []
             for i, row in enumerate(batch.select(["trajectory_id", "step", "screenshot_sha256"]).to_pylist()):
                 try:
-                    images.append({"bytes": get_screenshot(row["screenshot_sha256"]),
-                                   "path": f"{row['screenshot_sha256']}.png"})
+                    images.append(
+                        {"bytes": get_screenshot(row["screenshot_sha256"]), "path": f"{row['screenshot_sha256']}.png"}
+                    )
                     keep.append(i)
                 except (ScreenshotMissing, ScreenshotCorrupted) as exc:
                     if not skip_unreadable:
                         raise UnreadableScreenshot(
                             f"step {row['step']} of {row['trajectory_id']}: screenshot {row['screenshot_sha256'][:12]} "
                             f"is {'missing' if isinstance(exc, ScreenshotMissing) else 'corrupt'} in the store "
-                            "(--skip-unreadable leaves such steps out)") from None
+                            "(--skip-unreadable leaves such steps out)"
+                        ) from None
                     skipped += 1
             table = batch.take(keep).append_column(pa.field("image", IMAGE), pa.array(images, type=IMAGE))
             table = table.replace_schema_metadata(
-                {b"huggingface": json.dumps({"info": {"features": _features(table)}})})
+                {b"huggingface": json.dumps({"info": {"features": _features(table)}})}
+            )
             path = out / f"steps-{part:05d}.parquet"
             pq.write_table(table, path, compression="zstd")
             written.append(path)
@@ -182,8 +208,15 @@ def export_dataset(con: duckdb.DuckDBPyConnection, get_screenshot, run_id: str, 
 
 def _features(table: pa.Table) -> dict:
     """The `datasets` feature description of the table: the image column as Image, the rest as Values."""
-    names = {pa.string(): "string", pa.large_string(): "large_string", pa.int64(): "int64", pa.int32(): "int32",
-             pa.float64(): "float64", pa.float32(): "float32", pa.bool_(): "bool"}
+    names = {
+        pa.string(): "string",
+        pa.large_string(): "large_string",
+        pa.int64(): "int64",
+        pa.int32(): "int32",
+        pa.float64(): "float64",
+        pa.float32(): "float32",
+        pa.bool_(): "bool",
+    }
     features = {}
     for field in table.schema:
         if field.name == "image":

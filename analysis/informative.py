@@ -32,7 +32,8 @@ class InformativeGroups:
 
 def informative_groups(con: duckdb.DuckDBPyConnection, run_id: str) -> InformativeGroups:
     groups, informative, share, minutes, per_minute = con.execute(
-        load_sql("informative_groups"), {"run_id": run_id}).fetchone()
+        load_sql("informative_groups"), {"run_id": run_id}
+    ).fetchone()
     if not groups:
         return InformativeGroups(0, 0, None, None, None)
     return InformativeGroups(groups, informative, share, minutes, per_minute if minutes else None)

@@ -57,8 +57,17 @@ def lineage(con: duckdb.DuckDBPyConnection, run_id: str, version: int) -> Lineag
     update_ids = [u for _, ids in chain for u in ids or []]
     rows = con.execute(UPDATES, {"run": run_id, "ids": update_ids}).fetchall()
     for step, before, after, event_id, tids, loss, grad_norm in rows:
-        out.updates.append({"update_step": step, "version_before": before, "version_after": after,
-                            "event_id": event_id, "trajectories": len(tids), "loss": loss, "grad_norm": grad_norm})
+        out.updates.append(
+            {
+                "update_step": step,
+                "version_before": before,
+                "version_after": after,
+                "event_id": event_id,
+                "trajectories": len(tids),
+                "loss": loss,
+                "grad_norm": grad_norm,
+            }
+        )
         out.trajectories += tids
     params = {"run": run_id, "ids": out.trajectories}
     out.behaviour_versions = dict(con.execute(BEHAVIOUR, params).fetchall())

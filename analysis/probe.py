@@ -45,8 +45,10 @@ class ProbeResult:
     """Mean probability that the next token is one of the four marks at all."""
 
     def __str__(self) -> str:
-        return (f"p(correct mark) {self.correct:.3f} (chance 0.25), TV across colours {self.tv:.3f}, "
-                f"mass on the marks {self.valid_mass:.3f} ({self.layouts} layouts x {len(COLOURS)} colours)")
+        return (
+            f"p(correct mark) {self.correct:.3f} (chance 0.25), TV across colours {self.tv:.3f}, "
+            f"mass on the marks {self.valid_mass:.3f} ({self.layouts} layouts x {len(COLOURS)} colours)"
+        )
 
 
 @torch.no_grad()
@@ -74,7 +76,8 @@ def colour_probe(model_dir: str | Path, layouts: int = 32, temperature: float = 
 def colour_task(seed: int, colour: str, split: str):
     """The `colour` task on `seed`'s layout, naming `colour` whatever the seed draws."""
     return make_task("colour", seed, split).model_copy(
-        update={"instruction": f"Click the {colour} box.", "judge": {"target": colour, "named": colour}})
+        update={"instruction": f"Click the {colour} box.", "judge": {"target": colour, "named": colour}}
+    )
 
 
 def prompt_ids(tokenizer, processor, suite: BoxesSuite, task) -> tuple[list[int], list[bytes]]:
@@ -82,21 +85,34 @@ def prompt_ids(tokenizer, processor, suite: BoxesSuite, task) -> tuple[list[int]
     screen = suite.new_screen()
     instruction = asyncio.run(suite.reset(screen, task))
     png, marks = asyncio.run(screen.observe(True))
-    obs = Observation(instruction=instruction, screenshots=[png], screenshot_sha256=[sha256_hex(png)], url=screen.url,
-                      feedback="", history=[], memory={}, marks=marks, som=True, step=0, horizon=task.horizon,
-                      viewport=screen.viewport)
+    obs = Observation(
+        instruction=instruction,
+        screenshots=[png],
+        screenshot_sha256=[sha256_hex(png)],
+        url=screen.url,
+        feedback="",
+        history=[],
+        memory={},
+        marks=marks,
+        som=True,
+        step=0,
+        horizon=task.horizon,
+        viewport=screen.viewport,
+    )
     text, images = render_prompt(obs)
     return build_inputs(tokenizer, text, images, processor)["input_ids"][0].tolist(), images
 
 
 def response_text(task, mark: int) -> str:
     """The warm start's response format, clicking `mark`."""
-    return json.dumps({"thought": thought(task), "memory": {"plan step": "0"},
-                       "action": {"kind": "click", "mark": mark}})
+    return json.dumps(
+        {"thought": thought(task), "memory": {"plan step": "0"}, "action": {"kind": "click", "mark": mark}}
+    )
 
 
-def _mark_distribution(model, tokenizer, processor, suppress, suite: BoxesSuite, task, digits: list[int],
-                       temperature: float) -> torch.Tensor:
+def _mark_distribution(
+    model, tokenizer, processor, suppress, suite: BoxesSuite, task, digits: list[int], temperature: float
+) -> torch.Tensor:
     """p(next token = each mark's digit) after the prompt and the response forced up to the mark ([4])."""
     prompt, images = prompt_ids(tokenizer, processor, suite, task)
     response = response_text(task, 0)

@@ -81,8 +81,11 @@ def rebatch(con: duckdb.DuckDBPyConnection, run_id: str, admission: Admission = 
         per_version[current] += 1
         staleness[current - oldest] += 1
         out.advantages += group_advantages(rewards)
-    out.dropped, out.per_version, out.staleness = (dict(dropped), dict(sorted(per_version.items())),
-                                                   dict(sorted(staleness.items())))
+    out.dropped, out.per_version, out.staleness = (
+        dict(dropped),
+        dict(sorted(per_version.items())),
+        dict(sorted(staleness.items())),
+    )
     return out
 
 

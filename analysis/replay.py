@@ -97,8 +97,11 @@ class Replayed:
     """The whole model's hash, which trainers before the sharded digest recorded (at 1 rank, the same)."""
 
     def matches(self, recorded: UpdateApplied) -> bool:
-        return (self.loss == recorded.loss and self.grad_norm == recorded.grad_norm
-                and recorded.weights_sha256 in (self.weights_sha256, self.full_sha256))
+        return (
+            self.loss == recorded.loss
+            and self.grad_norm == recorded.grad_norm
+            and recorded.weights_sha256 in (self.weights_sha256, self.full_sha256)
+        )
 
 
 class RunLedger:
@@ -174,8 +177,10 @@ class RunLedger:
         steps, count = self._demonstrations[key], recorded.stats.get("anchor_demonstrations")
         same_runs = key == TrainConfig.model_validate_json(recorded.config_json).anchor.run_ids
         if same_runs and count is not None and count != len(steps):
-            raise ValueError(f"the anchor's runs {list(key)} hold {len(steps)} demonstration steps in the ledger, "
-                             f"the trainer read {count:g}: the draws would differ")
+            raise ValueError(
+                f"the anchor's runs {list(key)} hold {len(steps)} demonstration steps in the ledger, "
+                f"the trainer read {count:g}: the draws would differ"
+            )
         return steps
 
     def checkpoint(self, version: int) -> Path:
@@ -203,8 +208,10 @@ def with_overrides(config: TrainConfig, overrides: dict[str, object]) -> TrainCo
     changes which groups form a batch is refused (replay keeps the recorded batches)."""
     for key in overrides:
         if key in BATCH_KEYS:
-            raise KeyError(f"{key!r} changes which groups form a batch; replay keeps the recorded batches "
-                           f"(use `awrl rebatch` for it)")
+            raise KeyError(
+                f"{key!r} changes which groups form a batch; replay keeps the recorded batches "
+                f"(use `awrl rebatch` for it)"
+            )
     return set_fields(config, overrides)
 
 
@@ -261,8 +268,9 @@ def update_range(text: str) -> range:
     return range(first, last + 1)
 
 
-def replay_batch(ledger: RunLedger, recorded: list[UpdateApplied], overrides: dict[str, object] | None = None
-                 ) -> tuple[list[Replayed], torch.nn.Module, Scorer]:
+def replay_batch(
+    ledger: RunLedger, recorded: list[UpdateApplied], overrides: dict[str, object] | None = None
+) -> tuple[list[Replayed], torch.nn.Module, Scorer]:
     """Replay one recorded batch from its recorded start; the replayed steps and the resulting model."""
     first = recorded[0]
     config = with_overrides(TrainConfig.model_validate_json(first.config_json), overrides or {})
@@ -273,22 +281,45 @@ def replay_batch(ledger: RunLedger, recorded: list[UpdateApplied], overrides: di
     minibatches = [ledger.groups(u.group_ids, config.control, config.grpo.scale_by_std) for u in recorded]
     flat = [flatten(mb) for mb in minibatches]
     shards = [[shard(samples, r, world) for r in range(world)] for samples, _ in flat]
-    proximal = ([[response_logprobs(scorer, s, config.temperature) for s in ranks] for ranks in shards]
-                if len(recorded) > 1 else None)
+    proximal = (
+        [[response_logprobs(scorer, s, config.temperature) for s in ranks] for ranks in shards]
+        if len(recorded) > 1
+        else None
+    )
     ref = ledger.reference(scorer) if config.kl_coef else None
-    reference = ([[response_logprobs(ref, s, config.temperature) for s in ranks] for ranks in shards]
-                 if ref is not None else None)
+    reference = (
+        [[response_logprobs(ref, s, config.temperature) for s in ranks] for ranks in shards]
+        if ref is not None
+        else None
+    )
     pool = ledger.demonstrations(config, first)
     out = []
     for m, (u, (_, num_trajectories)) in enumerate(zip(recorded, flat)):
-        step = optimizer_step(scorer, optimizer, config, u.update_step, shards[m], num_trajectories,
-                              first.version_before, proximal[m] if proximal else None,
-                              reference[m] if reference else None,
-                              draw_anchor(pool, config, u.update_step, range(world), world))
+        step = optimizer_step(
+            scorer,
+            optimizer,
+            config,
+            u.update_step,
+            shards[m],
+            num_trajectories,
+            first.version_before,
+            proximal[m] if proximal else None,
+            reference[m] if reference else None,
+            draw_anchor(pool, config, u.update_step, range(world), world),
+        )
         loss, tokens = combine(step.scored)
         stats = update_stats(tokens, config) | anchor_stats(step.anchor_nll)
-        out.append(Replayed(u.update_step, u.version_before, loss, step.grad_norm, optimizer.sha256(),
-                            stats, full_sha256=weights_sha256(model.state_dict())))
+        out.append(
+            Replayed(
+                u.update_step,
+                u.version_before,
+                loss,
+                step.grad_norm,
+                optimizer.sha256(),
+                stats,
+                full_sha256=weights_sha256(model.state_dict()),
+            )
+        )
     return out, model, scorer
 
 
@@ -326,8 +357,14 @@ class BatchReplay:
         return all(r.matches(u) for r, u in zip(self.same, self.recorded))
 
 
-def replay(settings: StackSettings, run_id: str, overrides: dict[str, object] | None = None,
-           updates: range | None = None, heldout_steps: int = 16, on_batch=None) -> list[BatchReplay]:
+def replay(
+    settings: StackSettings,
+    run_id: str,
+    overrides: dict[str, object] | None = None,
+    updates: range | None = None,
+    heldout_steps: int = 16,
+    on_batch=None,
+) -> list[BatchReplay]:
     """Replay the run's batches (those holding an update step in `updates`); with `overrides`, also
     the variant and the KL between the two resulting policies on `heldout_steps` steps of other batches."""
     ledger = RunLedger(settings, run_id)
@@ -368,8 +405,12 @@ def write_report(results: list[BatchReplay], out_dir: Path, title: str) -> Path:
 
     out_dir.mkdir(parents=True, exist_ok=True)
     steps = [(b, s, v) for b in results for s, v in zip(b.same, b.variant or [None] * len(b.same))]
-    lines = [f"# {title}", "", f"Bit-exact replay of the recorded config: "
-             f"{sum(b.exact for b in results)}/{len(results)} batches.", ""]
+    lines = [
+        f"# {title}",
+        "",
+        f"Bit-exact replay of the recorded config: {sum(b.exact for b in results)}/{len(results)} batches.",
+        "",
+    ]
     head = ["update", "exact"] + [f"{k} (rec / var)" for k in REPORTED] + ["KL(rec || var)"]
     rows = []
     for b, s, v in steps:

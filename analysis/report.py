@@ -33,13 +33,14 @@ PAPER = {  # AsyncWebRL, arXiv 2606.05597, "Memory-schema drift" and "Two ineffi
 }
 CAPTIONS = {
     "learning_curve": "Learning curve: success on the run's training tasks per policy version (line, 95% Wilson "
-                      "band; view `success_by_version`) and held-out evaluations (markers; view `evaluations`).",
+    "band; view `success_by_version`) and held-out evaluations (markers; view `evaluations`).",
 }
 """A sentence under a plot, by file stem, where the picture alone does not say what it shows."""
 
 
-def write_report(con: duckdb.DuckDBPyConnection, run_id: str, out_dir: Path,
-                 config: DriftConfig = DriftConfig()) -> Path:
+def write_report(
+    con: duckdb.DuckDBPyConnection, run_id: str, out_dir: Path, config: DriftConfig = DriftConfig()
+) -> Path:
     """Write `report.md` and its PNGs into `out_dir`; return the markdown's path."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -71,8 +72,12 @@ def _fmt(value, percent: bool = False) -> str:
 
 def _markdown(r: DriftReport, plots: list[Path]) -> str:
     rows = [(k, v) for k, v in r.to_dict().items() if not isinstance(v, list) and k != "run_id"]
-    lines = [f"# Run `{r.run_id}`", "",
-             "Metric definitions: `analysis/drift.py`. Paper columns: AsyncWebRL, arXiv 2606.05597.", ""]
+    lines = [
+        f"# Run `{r.run_id}`",
+        "",
+        "Metric definitions: `analysis/drift.py`. Paper columns: AsyncWebRL, arXiv 2606.05597.",
+        "",
+    ]
     cells = [[key, _fmt(value, key.endswith("_ratio")), *PAPER.get(key, ("", ""))] for key, value in rows]
     lines += markdown_table(["metric", "this run", "paper, 1/|tau|", "paper, 1/k"], cells)
     if r.clip_rate_by_update:
@@ -123,8 +128,12 @@ def _plot_success(con, run_id: str, path: Path) -> Path | None:
         return None
     fig, ax = plt.subplots(figsize=(6, 4))
     ax.plot([r[1] for r in rows], [r[3] for r in rows], marker="o")
-    ax.set(xlabel="minutes since first finished trajectory", ylabel="success rate", ylim=(0, 1),
-           title="Success rate over time")
+    ax.set(
+        xlabel="minutes since first finished trajectory",
+        ylabel="success rate",
+        ylim=(0, 1),
+        title="Success rate over time",
+    )
     return save(fig, path)
 
 

@@ -36,11 +36,15 @@ def timeline_png(con: duckdb.DuckDBPyConnection, run_id: str, path: Path, title:
     lanes = [*workers, "trainer", "publish"]
     fig, ax = plt.subplots(figsize=(11, 0.5 * len(lanes) + 1.2))
     for worker, t0, t1, won in episodes:
-        ax.broken_barh([(t0 - origin, t1 - t0)], (lanes.index(worker) - 0.4, 0.8),
-                       facecolors="tab:green" if won else "tab:gray", edgecolor="white", linewidth=0.5)
+        ax.broken_barh(
+            [(t0 - origin, t1 - t0)],
+            (lanes.index(worker) - 0.4, 0.8),
+            facecolors="tab:green" if won else "tab:gray",
+            edgecolor="white",
+            linewidth=0.5,
+        )
     for lane, spans, colour in (("trainer", updates, "tab:blue"), ("publish", publishes, "tab:orange")):
-        ax.broken_barh([(t0 - origin, t1 - t0) for t0, t1 in spans], (lanes.index(lane) - 0.4, 0.8),
-                       facecolors=colour)
+        ax.broken_barh([(t0 - origin, t1 - t0) for t0, t1 in spans], (lanes.index(lane) - 0.4, 0.8), facecolors=colour)
     ax.set_yticks(range(len(lanes)), lanes)
     ax.invert_yaxis()
     ax.set_xlabel("seconds since the first episode")

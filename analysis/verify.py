@@ -57,8 +57,7 @@ def check(con: duckdb.DuckDBPyConnection, kind: str, run_id: str | None = None) 
     return Finding(kind, CHECKS[kind], _rows(con, load_sql(f"verify_{kind}"), {"run_id": run_id}))
 
 
-def verify(con: duckdb.DuckDBPyConnection, run_id: str | None = None,
-           outbox_dir: Path | None = None) -> list[Finding]:
+def verify(con: duckdb.DuckDBPyConnection, run_id: str | None = None, outbox_dir: Path | None = None) -> list[Finding]:
     """Every check, one `Finding` per kind (passed ones included, with no rows); the outboxes under
     `outbox_dir` too, when given (`StackSettings.outbox_dir`)."""
     findings = [check(con, kind, run_id) for kind in CHECKS]
@@ -74,8 +73,15 @@ def unconfirmed_outbox(con: duckdb.DuckDBPyConnection, outbox_dir: Path, run_id:
     if not pending:  # DuckDB cannot type an empty list parameter
         return Finding(OUTBOX, OUTBOX_WHAT)
     outboxes, event_ids, run_ids = map(list, zip(*pending, strict=True))
-    return Finding(OUTBOX, OUTBOX_WHAT, _rows(con, load_sql("verify_outbox"), {
-        "outboxes": outboxes, "event_ids": event_ids, "run_ids": run_ids, "run_id": run_id}))
+    return Finding(
+        OUTBOX,
+        OUTBOX_WHAT,
+        _rows(
+            con,
+            load_sql("verify_outbox"),
+            {"outboxes": outboxes, "event_ids": event_ids, "run_ids": run_ids, "run_id": run_id},
+        ),
+    )
 
 
 def _pending(outbox_dir: Path) -> list[tuple[str, str, str | None]]:
@@ -85,8 +91,12 @@ def _pending(outbox_dir: Path) -> list[tuple[str, str, str | None]]:
     for path in sorted(outbox_dir.glob("*.sqlite")):
         db = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
         try:
-            found += [(path.name, event_id, run) for event_id, run in db.execute(
-                "SELECT event_id, json_extract(CAST(value AS TEXT), '$.run_id') FROM pending")]
+            found += [
+                (path.name, event_id, run)
+                for event_id, run in db.execute(
+                    "SELECT event_id, json_extract(CAST(value AS TEXT), '$.run_id') FROM pending"
+                )
+            ]
         finally:
             db.close()
     return found

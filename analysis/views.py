@@ -44,8 +44,18 @@ from trainer.advantages import group_advantages, informative
 SQL_DIR = Path(__file__).with_name("sql")
 RAW_VIEWS: dict[str, type[Event]] = {re.sub(r"(?<!^)(?=[A-Z])", "_", cls.__name__).lower(): cls for cls in EVENT_TYPES}
 """One raw view per event type, named in snake case (`StepRecorded` -> `step_recorded`)."""
-VIEWS: tuple[str, ...] = ("steps", "step_token_summary", "trajectories", "groups", "updates", "policy_versions",
-                         "dropped_groups", "evaluations", "success_by_version", "runs")
+VIEWS: tuple[str, ...] = (
+    "steps",
+    "step_token_summary",
+    "trajectories",
+    "groups",
+    "updates",
+    "policy_versions",
+    "dropped_groups",
+    "evaluations",
+    "success_by_version",
+    "runs",
+)
 """Derived views, in creation order; each is `analysis/sql/<name>.sql`."""
 
 Source = StackSettings | str | os.PathLike
@@ -105,8 +115,9 @@ def connect(source: Source, *, run_id: str | None = None, read_only: bool = True
     return con
 
 
-def _register_stored(con: duckdb.DuckDBPyConnection, fs: pafs.FileSystem, root: str,
-                     files: dict[str, list[str]]) -> None:
+def _register_stored(
+    con: duckdb.DuckDBPyConnection, fs: pafs.FileSystem, root: str, files: dict[str, list[str]]
+) -> None:
     """`<view>_stored`: every row the files hold, a row written twice included, for each raw view;
     and `stored_event_ids`, the ids of all of them, which `duplicate_events` counts."""
     for view, cls in RAW_VIEWS.items():
@@ -115,11 +126,16 @@ def _register_stored(con: duckdb.DuckDBPyConnection, fs: pafs.FileSystem, root: 
     summarized = [f for f in steps if TOKEN_SUMMARY.names[-1] in pq.read_schema(f, filesystem=fs).names]
     with_summary = pa.unify_schemas([arrow_schema(StepRecorded), TOKEN_SUMMARY])
     _register_raw(con, f"{SUMMARIZED[0]}_stored", with_summary, fs, root, summarized)
-    _register_raw(con, f"{SUMMARIZED[1]}_stored", arrow_schema(StepRecorded), fs, root,
-                  sorted(set(steps) - set(summarized)))
-    con.execute("CREATE VIEW stored_event_ids AS " + " UNION ALL ".join(
-        f"SELECT run_id, '{cls.__name__}' AS event_type, event_id FROM {view}_stored"
-        for view, cls in RAW_VIEWS.items()))
+    _register_raw(
+        con, f"{SUMMARIZED[1]}_stored", arrow_schema(StepRecorded), fs, root, sorted(set(steps) - set(summarized))
+    )
+    con.execute(
+        "CREATE VIEW stored_event_ids AS "
+        + " UNION ALL ".join(
+            f"SELECT run_id, '{cls.__name__}' AS event_type, event_id FROM {view}_stored"
+            for view, cls in RAW_VIEWS.items()
+        )
+    )
 
 
 def _register_once(con: duckdb.DuckDBPyConnection) -> None:
@@ -151,8 +167,9 @@ def _files_by_type(fs: pafs.FileSystem, under: str) -> dict[str, list[str]]:
     return out
 
 
-def _register_raw(con: duckdb.DuckDBPyConnection, view: str, schema: pa.Schema, fs: pafs.FileSystem, root: str,
-                  files: list[str]) -> None:
+def _register_raw(
+    con: duckdb.DuckDBPyConnection, view: str, schema: pa.Schema, fs: pafs.FileSystem, root: str, files: list[str]
+) -> None:
     if not files:
         con.register(view, schema.empty_table())
     elif isinstance(fs, pafs.LocalFileSystem):
@@ -162,23 +179,36 @@ def _register_raw(con: duckdb.DuckDBPyConnection, view: str, schema: pa.Schema, 
         # The explicit schema fills fields missing from older files with NULL, as above. The `run_id=`
         # directory becomes each file's partition expression, so `WHERE run_id = ...` skips other
         # runs' files without fetching their footers (one GET each).
-        con.register(view, ds.dataset(files, schema=schema, filesystem=fs, format="parquet",
-                                      partitioning=_RUN_PARTITION, partition_base_dir=root))
+        con.register(
+            view,
+            ds.dataset(
+                files,
+                schema=schema,
+                filesystem=fs,
+                format="parquet",
+                partitioning=_RUN_PARTITION,
+                partition_base_dir=root,
+            ),
+        )
 
 
 def _register_udfs(con: duckdb.DuckDBPyConnection) -> None:
     """The trainer's own advantage functions, so the `groups` view cannot disagree with training."""
     doubles = duckdb.list_type(duckdb.sqltype("DOUBLE"))
-    con.create_function("awrl_group_advantages", lambda rewards: group_advantages(rewards) if rewards else [],
-                        [doubles], doubles)
-    con.create_function("awrl_informative", lambda rewards: informative(rewards), [doubles],
-                        duckdb.sqltype("BOOLEAN"))
+    con.create_function(
+        "awrl_group_advantages", lambda rewards: group_advantages(rewards) if rewards else [], [doubles], doubles
+    )
+    con.create_function("awrl_informative", lambda rewards: informative(rewards), [doubles], duckdb.sqltype("BOOLEAN"))
 
 
 def _lock(con: duckdb.DuckDBPyConnection, local_root: str | None) -> None:
     if local_root is not None:
         con.execute("SET allowed_directories = $dirs", {"dirs": [local_root.rstrip("/") + "/"]})
-    for statement in ("SET autoinstall_known_extensions = false", "SET autoload_known_extensions = false",
-                      "SET python_enable_replacements = false", "SET enable_external_access = false",
-                      "SET lock_configuration = true"):
+    for statement in (
+        "SET autoinstall_known_extensions = false",
+        "SET autoload_known_extensions = false",
+        "SET python_enable_replacements = false",
+        "SET enable_external_access = false",
+        "SET lock_configuration = true",
+    ):
         con.execute(statement)

@@ -75,8 +75,10 @@ def _check_params(wanted: set[str], given: dict[str, str]) -> None:
     missing = sorted(wanted - given.keys())
     if missing:
         names = ", ".join(f"${n}" for n in missing)
-        raise BadParameters(f"the query uses {names} but no value was given (--param {missing[0]}=...); "
-                            "positional parameters (? or $1) are not supported")
+        raise BadParameters(
+            f"the query uses {names} but no value was given (--param {missing[0]}=...); "
+            "positional parameters (? or $1) are not supported"
+        )
     unused = sorted(given.keys() - wanted)
     if unused:
         raise BadParameters(f"--param {', '.join(unused)} not used by the query (write ${unused[0]} in it)")
@@ -92,8 +94,10 @@ def connect_ledger(ledger: str | None, run_id: str | None = None) -> duckdb.Duck
     try:
         con = connect(settings, read_only=True)
     except OSError as exc:  # pyarrow's S3 or local filesystem: unreachable, refused, no such bucket
-        raise fail(f"cannot read the ledger at {settings.ledger_uri}: {' '.join(str(exc).split())[:300]} "
-                   "(is the stack up? `awrl stack status`)") from None
+        raise fail(
+            f"cannot read the ledger at {settings.ledger_uri}: {' '.join(str(exc).split())[:300]} "
+            "(is the stack up? `awrl stack status`)"
+        ) from None
     if run_id is not None:
         try:
             require_run(con, run_id)
@@ -103,8 +107,9 @@ def connect_ledger(ledger: str | None, run_id: str | None = None) -> duckdb.Duck
     return con
 
 
-def run_query(con: duckdb.DuckDBPyConnection, query: str, limit: int | None = None,
-              params: dict[str, str] | None = None) -> tuple[list[str], list[tuple], bool]:
+def run_query(
+    con: duckdb.DuckDBPyConnection, query: str, limit: int | None = None, params: dict[str, str] | None = None
+) -> tuple[list[str], list[tuple], bool]:
     """(columns, rows, truncated) of a read-only query; at most `limit` rows are fetched.
 
     `params` are bound to the query's `$name` parameters by DuckDB, so a value is only ever data."""
@@ -122,8 +127,12 @@ def sql(
     format: Format = FORMAT,  # noqa: A002 - the option's name
     limit: int = typer.Option(100, help="Rows to print at most (0: all)."),
     param: list[str] = typer.Option(
-        [], "--param", "-p", metavar="NAME=VALUE",
-        help="Bind $NAME in the query to VALUE, repeatable. Values are text: cast in SQL, e.g. $n::INT."),
+        [],
+        "--param",
+        "-p",
+        metavar="NAME=VALUE",
+        help="Bind $NAME in the query to VALUE, repeatable. Values are text: cast in SQL, e.g. $n::INT.",
+    ),
     ledger: str = LEDGER,
 ) -> None:
     """Run one read-only SQL query over the ledger views, e.g.
@@ -149,8 +158,9 @@ def sql(
 def drift(
     run_id: str = typer.Argument(..., help="The run to measure."),
     format: Format = FORMAT,  # noqa: A002 - the option's name
-    tokens: bool = typer.Option(True, "--tokens/--no-tokens",
-                                help="Token metrics (tokens per step, off-policy gap); they read every token."),
+    tokens: bool = typer.Option(
+        True, "--tokens/--no-tokens", help="Token metrics (tokens per step, off-policy gap); they read every token."
+    ),
     ledger: str = LEDGER,
 ) -> None:
     """Memory-schema drift metrics of one run (AsyncWebRL, arXiv 2606.05597, "Memory-schema drift")."""
@@ -193,20 +203,33 @@ def lineage(
     try:
         found = find(con, run_id, version)
     except KeyError as exc:
-        raise fail(f"{exc.args[0]} "
-                   f"(`awrl sql \"SELECT version FROM policy_versions WHERE run_id = '{run_id}'\"`)") from None
+        raise fail(
+            f"{exc.args[0]} (`awrl sql \"SELECT version FROM policy_versions WHERE run_id = '{run_id}'\"`)"
+        ) from None
     finally:
         con.close()
     if format is Format.json:
         emit_json(asdict(found))
         return
     columns = ["update_step", "version_before", "version_after", "trajectories", "loss", "grad_norm", "event_id"]
-    rows = [[u["update_step"], u["version_before"], u["version_after"], u["trajectories"], u["loss"], u["grad_norm"],
-             u["event_id"]] for u in found.updates]
+    rows = [
+        [
+            u["update_step"],
+            u["version_before"],
+            u["version_after"],
+            u["trajectories"],
+            u["loss"],
+            u["grad_norm"],
+            u["event_id"],
+        ]
+        for u in found.updates
+    ]
     if format is Format.table:
-        console.print(f"version {version} of {run_id}: versions {found.versions}, {len(found.updates)} updates, "
-                      f"{len(found.trajectories)} trajectories of {len(found.tasks)} tasks, outcomes {found.outcomes}, "
-                      f"steps by behaviour version {found.behaviour_versions}")
+        console.print(
+            f"version {version} of {run_id}: versions {found.versions}, {len(found.updates)} updates, "
+            f"{len(found.trajectories)} trajectories of {len(found.tasks)} tasks, outcomes {found.outcomes}, "
+            f"steps by behaviour version {found.behaviour_versions}"
+        )
     emit_rows(columns, rows, format)
 
 
@@ -235,18 +258,22 @@ def rebatch(
         emit_json(asdict(found))
         return
     if format is Format.table:
-        console.print(f"{run_id} under eta={eta}, filter={rule}: {len(found.admitted)} of {found.groups} completed "
-                      f"groups admitted; dropped {found.dropped}; the run itself: {found.recorded}")
+        console.print(
+            f"{run_id} under eta={eta}, filter={rule}: {len(found.admitted)} of {found.groups} completed "
+            f"groups admitted; dropped {found.dropped}; the run itself: {found.recorded}"
+        )
         console.print(f"staleness (version lag -> groups): {found.staleness}")
     emit_rows(["version", "groups_admitted"], list(found.per_version.items()), format)
 
 
 def replay(
     run_id: str = typer.Argument(..., help="The training run to replay."),
-    variant: str = typer.Option(None, help="A named variant: per_trajectory, 1/k (constant), token, raft, "
-                                           "tight-clip, no-dual-clip."),
-    set_: list[str] = typer.Option([], "--set",
-                                   help="Config override KEY=VALUE (dotted keys, JSON values), repeatable."),
+    variant: str = typer.Option(
+        None, help="A named variant: per_trajectory, 1/k (constant), token, raft, tight-clip, no-dual-clip."
+    ),
+    set_: list[str] = typer.Option(
+        [], "--set", help="Config override KEY=VALUE (dotted keys, JSON values), repeatable."
+    ),
     updates: str = typer.Option(None, help="Update steps A..B (inclusive), or one step A; default all."),
     out: Path = typer.Option(Path("reports/replay"), help="Directory for replay.md and replay.png."),
     format: Format = FORMAT,  # noqa: A002 - the option's name
@@ -266,28 +293,75 @@ def replay(
     except (KeyError, ValueError) as exc:
         raise fail(str(exc)) from None
     connect_ledger(ledger, run_id).close()
-    with Progress(console=console, transient=True,
-                  disable=format is not Format.table or not console.is_terminal) as progress:
+    with Progress(
+        console=console, transient=True, disable=format is not Format.table or not console.is_terminal
+    ) as progress:
         task = progress.add_task("replaying", total=None)
-        results = run(StackSettings().with_ledger(ledger), run_id, overrides or None, selection,
-                      on_batch=lambda i, n, _: progress.update(task, completed=i, total=n))
+        results = run(
+            StackSettings().with_ledger(ledger),
+            run_id,
+            overrides or None,
+            selection,
+            on_batch=lambda i, n, _: progress.update(task, completed=i, total=n),
+        )
     if not results:
         raise fail(f"run {run_id!r} has no recorded updates" + (f" in {updates}" if updates else ""))
     path = write_report(results, out, f"replay of {run_id}" + (f", variant {overrides}" if overrides else ""))
     if format is Format.json:
-        emit_json([{"version_before": b.version_before, "exact": b.exact, "kl": b.kl,
+        emit_json(
+            [
+                {
+                    "version_before": b.version_before,
+                    "exact": b.exact,
+                    "kl": b.kl,
                     "same": [vars(r) for r in b.same],
                     "variant": [vars(r) for r in b.variant] if b.variant else None,
-                    "recorded": [{"update_step": u.update_step, "loss": u.loss, "grad_norm": u.grad_norm,
-                                  "weights_sha256": u.weights_sha256} for u in b.recorded]} for b in results])
+                    "recorded": [
+                        {
+                            "update_step": u.update_step,
+                            "loss": u.loss,
+                            "grad_norm": u.grad_norm,
+                            "weights_sha256": u.weights_sha256,
+                        }
+                        for u in b.recorded
+                    ],
+                }
+                for b in results
+            ]
+        )
     elif format is Format.markdown:
         print(path.read_text(), end="")
     else:
-        rows = [[s.update_step, "yes" if b.exact else "NO", u.loss, s.loss, v and v.loss, u.grad_norm, s.grad_norm,
-                 v and v.grad_norm, b.kl]
-                for b in results for s, u, v in zip(b.same, b.recorded, b.variant or [None] * len(b.same))]
-        emit_rows(["update", "exact", "loss_recorded", "loss_replayed", "loss_variant", "grad_norm_recorded",
-                   "grad_norm_replayed", "grad_norm_variant", "kl_recorded_variant"], rows, format)
+        rows = [
+            [
+                s.update_step,
+                "yes" if b.exact else "NO",
+                u.loss,
+                s.loss,
+                v and v.loss,
+                u.grad_norm,
+                s.grad_norm,
+                v and v.grad_norm,
+                b.kl,
+            ]
+            for b in results
+            for s, u, v in zip(b.same, b.recorded, b.variant or [None] * len(b.same))
+        ]
+        emit_rows(
+            [
+                "update",
+                "exact",
+                "loss_recorded",
+                "loss_replayed",
+                "loss_variant",
+                "grad_norm_recorded",
+                "grad_norm_replayed",
+                "grad_norm_variant",
+                "kl_recorded_variant",
+            ],
+            rows,
+            format,
+        )
         if format is Format.table:
             console.print(f"report: {path} (and replay.png beside it)")
     inexact = sum(not b.exact for b in results)

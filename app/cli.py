@@ -29,8 +29,12 @@ from app import analysis_cli, run_cli, runs_cli, stack_cli, view_cli
 from app.errors import ConfigError, user_error
 from app.output import errors
 
-app = typer.Typer(help="AsyncWebRL: event-sourced asynchronous multi-step RL for visual web agents.",
-                  no_args_is_help=True, pretty_exceptions_enable=False, add_completion=False)
+app = typer.Typer(
+    help="AsyncWebRL: event-sourced asynchronous multi-step RL for visual web agents.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
 
 
 def _version(value: bool) -> None:
@@ -43,8 +47,11 @@ def _version(value: bool) -> None:
 
 
 @app.callback()
-def root(version: bool = typer.Option(False, "--version", is_eager=True, callback=_version,
-                                      help="Print the version and exit.")) -> None:
+def root(
+    version: bool = typer.Option(
+        False, "--version", is_eager=True, callback=_version, help="Print the version and exit."
+    ),
+) -> None:
     """AsyncWebRL: event-sourced asynchronous multi-step RL for visual web agents."""
 
 
@@ -60,8 +67,9 @@ def _log_level(level: str | None) -> None:
         return
     if not isinstance(logging.getLevelName(level.upper()), int):
         raise ConfigError(f"AWRL_LOG_LEVEL={level!r} is not a log level (DEBUG, INFO, WARNING, ERROR)")
-    logging.basicConfig(level=level.upper(), stream=sys.stderr,
-                        format="%(asctime)s %(threadName)s %(name)s %(message)s")
+    logging.basicConfig(
+        level=level.upper(), stream=sys.stderr, format="%(asctime)s %(threadName)s %(name)s %(message)s"
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -104,8 +112,8 @@ def check_args(argv: list[str]) -> str | None:
                         return None
                     return f"no verb of `{name}` in {args}" if args else None
                 # the verb's name included: a group given no arguments would print its help
-                parent = command.make_context(name, args[:verb + 1], parent=parent, resilient_parsing=False)
-                name, command, args = f"{name} {args[verb]}", command.commands[args[verb]], args[verb + 1:]
+                parent = command.make_context(name, args[: verb + 1], parent=parent, resilient_parsing=False)
+                name, command, args = f"{name} {args[verb]}", command.commands[args[verb]], args[verb + 1 :]
             command.make_context(name, args, parent=parent, resilient_parsing=False)  # tyro's verbs parse here too
     except (typer.Exit, SystemExit):
         return None

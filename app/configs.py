@@ -59,8 +59,15 @@ class RunCommand:
     """The summary as table (for people), json, csv or markdown."""
 
 
-DEMO = LearningConfig(suite="miniwob", demo_episodes=100, sft_epochs=4, rl_minutes=5.0, eval_episodes=64, workers=2,
-                      out_dir=Path(".awrl/learning"))
+DEMO = LearningConfig(
+    suite="miniwob",
+    demo_episodes=100,
+    sft_epochs=4,
+    rl_minutes=5.0,
+    eval_episodes=64,
+    workers=2,
+    out_dir=Path(".awrl/learning"),
+)
 """`make demo`: MiniWoB++ Easy, which the tiny model learns on CPU (bench/RESULTS.md)."""
 
 
@@ -130,11 +137,23 @@ PRESETS: dict[type, dict[str, Callable[[], Any]]] = {
 """`--config NAME`: the configurations the project studies, by name (bench/RESULTS.md uses them).
 `controlled` is the controlled learning test (tests/test_learning.py); with
 `--train.control shuffled_rewards` it is its negative control."""
-COMMANDS: dict[str, type] = {"demo": DemoCommand, "run": RunCommand, "train": TrainCommand,
-                             "rollout": RolloutCommand, "sft": SFTCommand, "eval": EvalCommand}
+COMMANDS: dict[str, type] = {
+    "demo": DemoCommand,
+    "run": RunCommand,
+    "train": TrainCommand,
+    "rollout": RolloutCommand,
+    "sft": SFTCommand,
+    "eval": EvalCommand,
+}
 """The command object of each verb that runs something (`app.run_cli.CONFIG_VERBS`)."""
-WRAPPED = {TrainCommand: "train", RunCommand: "run", DemoCommand: "learning", RolloutCommand: "rollout",
-           SFTCommand: "sft", EvalCommand: "evaluation"}
+WRAPPED = {
+    TrainCommand: "train",
+    RunCommand: "run",
+    DemoCommand: "learning",
+    RolloutCommand: "rollout",
+    SFTCommand: "sft",
+    EvalCommand: "evaluation",
+}
 """Each command's field holding the config that `--config` loads (and, for the first three, that
 `RunStarted` records)."""
 
@@ -161,8 +180,10 @@ def parse(command: type[T], args: Sequence[str], prog: str, description: str) ->
         raise ConfigError(" ".join(re.sub(r"[\u2500-\u257f]|-{3,}", " ", stderr.getvalue()).split())) from None
 
 
-_CONFIG_HELP = ("\n\n--config FILE|NAME: start from a YAML config (`awrl runs show RUN` prints one) or a preset "
-                f"({', '.join(n for p in PRESETS.values() for n in p)}); the flags override it.")
+_CONFIG_HELP = (
+    "\n\n--config FILE|NAME: start from a YAML config (`awrl runs show RUN` prints one) or a preset "
+    f"({', '.join(n for p in PRESETS.values() for n in p)}); the flags override it."
+)
 
 
 def _pop_config(args: list[str]) -> tuple[list[str], str | None]:
@@ -170,9 +191,9 @@ def _pop_config(args: list[str]) -> tuple[list[str], str | None]:
         if arg == "--config":
             if i + 1 == len(args):
                 raise ConfigError("--config takes a YAML file or a preset name")
-            return args[:i] + args[i + 2:], args[i + 1]
+            return args[:i] + args[i + 2 :], args[i + 1]
         if arg.startswith("--config="):
-            return args[:i] + args[i + 1:], arg.split("=", 1)[1]
+            return args[:i] + args[i + 1 :], arg.split("=", 1)[1]
     return args, None
 
 
@@ -234,5 +255,3 @@ def _one_line(exc: Exception) -> str:
         errors = exc.errors(include_url=False)
         return "; ".join(f"{'.'.join(map(str, e['loc'])) or 'value'}: {e['msg']}" for e in errors[:3])
     return " ".join(str(exc).split())
-
-

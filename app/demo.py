@@ -54,26 +54,39 @@ def run_demo(settings: StackSettings, config: LearningConfig, say=print) -> Demo
     start = time.perf_counter()
     curve = run_learning(settings, config, say)
     con = connect(settings)
-    (events,) = con.execute("SELECT count(*) FROM step_recorded WHERE run_id LIKE $r || '%'",
-                            {"r": curve.run_id}).fetchone()
-    (shots,) = con.execute("SELECT count(DISTINCT screenshot_sha256) FROM steps WHERE run_id LIKE $r || '%'",
-                           {"r": curve.run_id}).fetchone()
+    (events,) = con.execute(
+        "SELECT count(*) FROM step_recorded WHERE run_id LIKE $r || '%'", {"r": curve.run_id}
+    ).fetchone()
+    (shots,) = con.execute(
+        "SELECT count(DISTINCT screenshot_sha256) FROM steps WHERE run_id LIKE $r || '%'", {"r": curve.run_id}
+    ).fetchone()
     drift = drift_metrics(con, curve.run_id)
     say("materializing the Dagster assets of the RL run")
     materialized, checks = _materialize(curve.run_id)
     rl, sft = curve.rl, curve.sft
     return DemoSummary(
-        run_id=curve.run_id, success_untrained=_rate(curve, "untrained"), success_after_sft=_rate(curve, "sft"),
-        success_after_rl=_rate(curve, "rl"), rl_minus_sft=_difference(curve, 0),
+        run_id=curve.run_id,
+        success_untrained=_rate(curve, "untrained"),
+        success_after_sft=_rate(curve, "sft"),
+        success_after_rl=_rate(curve, "rl"),
+        rl_minus_sft=_difference(curve, 0),
         rl_minus_best_sft=_difference(curve, 1),
         demonstrations=f"{curve.demo_successes}/{curve.demo_episodes} succeeded",
         sft_loss=f"{sft.losses[0]:.2f} -> {sft.losses[-1]:.2f}" if sft else "-",
-        rl_trajectories=rl.episodes, rl_trajectories_per_hour=rl.trajectories_per_hour, rl_updates=rl.updates,
-        policy_version=rl.version, trainer_idle=rl.trainer_idle, staleness_mean=rl.staleness_mean,
-        events_in_ledger=events, screenshots_stored=shots, generic_key_ratio=drift.generic_key_ratio,
-        length_downweight=drift.length_downweight, dagster_assets_materialized=materialized,
+        rl_trajectories=rl.episodes,
+        rl_trajectories_per_hour=rl.trajectories_per_hour,
+        rl_updates=rl.updates,
+        policy_version=rl.version,
+        trainer_idle=rl.trainer_idle,
+        staleness_mean=rl.staleness_mean,
+        events_in_ledger=events,
+        screenshots_stored=shots,
+        generic_key_ratio=drift.generic_key_ratio,
+        length_downweight=drift.length_downweight,
+        dagster_assets_materialized=materialized,
         dagster_checks_passed=checks,
-        curve_png=str(config.out_dir / curve.run_id / "curve.png"), seconds=time.perf_counter() - start,
+        curve_png=str(config.out_dir / curve.run_id / "curve.png"),
+        seconds=time.perf_counter() - start,
     )
 
 
@@ -86,8 +99,11 @@ def _difference(curve: LearningCurve, i: int) -> str:
     if len(curve.differences) <= i:
         return "-"
     d = curve.differences[i]
-    return (f"{d.diff:+.2f} [{d.ci95[0]:+.2f}, {d.ci95[1]:+.2f}]" + (f" vs {d.subtrahend}" if i else "")
-            + f", {d.instances} instances")
+    return (
+        f"{d.diff:+.2f} [{d.ci95[0]:+.2f}, {d.ci95[1]:+.2f}]"
+        + (f" vs {d.subtrahend}" if i else "")
+        + f", {d.instances} instances"
+    )
 
 
 def _materialize(run_id: str) -> tuple[int, str]:
@@ -99,8 +115,14 @@ def _materialize(run_id: str) -> tuple[int, str]:
     instance = DagsterInstance.ephemeral()
     instance.add_dynamic_partitions("runs", [run_id])
     quiet = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
-    result = materialize([*all_assets, *all_checks], partition_key=run_id, instance=instance,
-                         resources=defs.resources, run_config=quiet, raise_on_error=False)
+    result = materialize(
+        [*all_assets, *all_checks],
+        partition_key=run_id,
+        instance=instance,
+        resources=defs.resources,
+        run_config=quiet,
+        raise_on_error=False,
+    )
     checks = result.get_asset_check_evaluations()
     failed = sorted(c.check_name for c in checks if not c.passed)
     passed = f"{len(checks) - len(failed)}/{len(checks)}" + (f" (failed: {', '.join(failed)})" if failed else "")

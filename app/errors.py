@@ -47,7 +47,9 @@ def _message(exc: BaseException) -> str:
     if type(exc).__name__ == "NoBrokersAvailable" or _no_broker(exc):
         from pipeline.settings import StackSettings
 
-        return (f"no Kafka broker answers at {StackSettings().kafka_bootstrap}: start the local stack "
-                "(`awrl stack up`) or fix AWRL_KAFKA_BOOTSTRAP (environment or .env)")
+        return (
+            f"no Kafka broker answers at {StackSettings().kafka_bootstrap}: start the local stack "
+            "(`awrl stack up`) or fix AWRL_KAFKA_BOOTSTRAP (environment or .env)"
+        )
     text = str(exc.args[0]) if len(exc.args) == 1 and isinstance(exc.args[0], str) else str(exc)
     return " ".join(text.split())

@@ -71,37 +71,92 @@ class Evaluator:
     """Measures each point of the curve on the same held-out instances (`eval_design`) and keeps every
     point's per-instance counts, for the paired differences."""
 
-    def __init__(self, settings: StackSettings, config: LearningConfig, run_id: str, producer: EventProducer,
-                 curve: LearningCurve, say: Callable[[str], None]):
+    def __init__(
+        self,
+        settings: StackSettings,
+        config: LearningConfig,
+        run_id: str,
+        producer: EventProducer,
+        curve: LearningCurve,
+        say: Callable[[str], None],
+    ):
         self.settings, self.config, self.run_id, self.producer, self.curve, self.say = (
-            settings, config, run_id, producer, curve, say)
+            settings,
+            config,
+            run_id,
+            producer,
+            curve,
+            say,
+        )
         self.task_ids, self.samples = eval_design(config)
         self.counts: dict[str, InstanceCounts] = {}
         """Stage -> its outcomes per instance (a stage measured by `sft_measured_by` too)."""
 
-    def __call__(self, stage: str, model_dir: Path, version: int, train_s: float, temperature: float | None = None,
-                 samples: int | None = None) -> CurvePoint:
+    def __call__(
+        self,
+        stage: str,
+        model_dir: Path,
+        version: int,
+        train_s: float,
+        temperature: float | None = None,
+        samples: int | None = None,
+    ) -> CurvePoint:
         c, split = self.config, eval_split(self.config)
-        policy = EvalPolicy(stage, model_dir, c.temperature if temperature is None else temperature,
-                            samples=samples or self.samples)
-        self.say(f"evaluating the {stage} policy: {len(self.task_ids)} instances x {policy.samples} "
-                 f"episode{'s' if policy.samples > 1 else ''}, "
-                 f"T={policy.temperature:g}, {c.suite} {split} {c.difficulty or ''}")
+        policy = EvalPolicy(
+            stage, model_dir, c.temperature if temperature is None else temperature, samples=samples or self.samples
+        )
+        self.say(
+            f"evaluating the {stage} policy: {len(self.task_ids)} instances x {policy.samples} "
+            f"episode{'s' if policy.samples > 1 else ''}, "
+            f"T={policy.temperature:g}, {c.suite} {split} {c.difficulty or ''}"
+        )
         run = f"{self.run_id}-eval-{stage}"
-        run_instances(self.settings, policy, self.task_ids, policy.samples, c.suite, split, run,
-                      workers=c.eval_workers or c.workers)
+        run_instances(
+            self.settings,
+            policy,
+            self.task_ids,
+            policy.samples,
+            c.suite,
+            split,
+            run,
+            workers=c.eval_workers or c.workers,
+        )
         (counts,) = read_back(self.settings, [(policy, run, len(self.task_ids) * policy.samples)], self.task_ids)
         self.counts[stage] = counts
         result = counts.total
-        point = CurvePoint(stage, version, result.episodes, result.successes, result.ci95, train_s, run,
-                           policy.temperature, policy.samples, counts.invalid_share)
+        point = CurvePoint(
+            stage,
+            version,
+            result.episodes,
+            result.successes,
+            result.ci95,
+            train_s,
+            run,
+            policy.temperature,
+            policy.samples,
+            counts.invalid_share,
+        )
         self.curve.points.append(point)
-        self.producer.publish(EvaluationCompleted(
-            run_id=self.run_id, stage=stage, eval_run_id=run, policy_version=version,
-            checkpoint_sha256=_weights_sha256(model_dir), suite=c.suite, split=split, difficulty=c.difficulty,
-            episodes=result.episodes, successes=result.successes, ci95_low=result.ci95[0], ci95_high=result.ci95[1],
-            train_s=train_s, temperature=policy.temperature, samples=policy.samples,
-            invalid_share=counts.invalid_share)).get(timeout=60)
+        self.producer.publish(
+            EvaluationCompleted(
+                run_id=self.run_id,
+                stage=stage,
+                eval_run_id=run,
+                policy_version=version,
+                checkpoint_sha256=_weights_sha256(model_dir),
+                suite=c.suite,
+                split=split,
+                difficulty=c.difficulty,
+                episodes=result.episodes,
+                successes=result.successes,
+                ci95_low=result.ci95[0],
+                ci95_high=result.ci95[1],
+                train_s=train_s,
+                temperature=policy.temperature,
+                samples=policy.samples,
+                invalid_share=counts.invalid_share,
+            )
+        ).get(timeout=60)
         self.say(f"  {stage}: {counts}")
         return point
 

@@ -41,15 +41,17 @@ from schemas.observation import Difficulty, Split, SuiteName
 from trainer.config import AnchorConfig, TrainConfig
 from trainer.sft import SFTConfig, SFTResult, train_sft
 
-RL_TRAIN = TrainConfig(run_id="", groups_per_update=2, ppo_epochs=2, lr=1e-4, warmup_updates=2,
-                       entropy_coef=1e-3, kl_coef=1.0)
+RL_TRAIN = TrainConfig(
+    run_id="", groups_per_update=2, ppo_epochs=2, lr=1e-4, warmup_updates=2, entropy_coef=1e-3, kl_coef=1.0
+)
 """RL hyper-parameters of the learning loop (`make demo`): 2 informative groups a version, 2 optimizer
 steps on each batch (so pi_prox, the clip and approx_kl act), lr 1e-4 after a 2-update warm-up (2e-4
 collapsed the controlled task's format), an entropy bonus, and a KL penalty to the SFT model (beta 1
 halved the invalid actions of a sweep's RL evaluation, where one demo run without it lost its format)."""
 
-CONTROLLED_TRAIN = TrainConfig(run_id="", groups_per_update=4, minibatches=2, ppo_epochs=2, lr=1e-4,
-                               warmup_updates=5, kl_coef=1.0)
+CONTROLLED_TRAIN = TrainConfig(
+    run_id="", groups_per_update=4, minibatches=2, ppo_epochs=2, lr=1e-4, warmup_updates=5, kl_coef=1.0
+)
 """RL hyper-parameters of the controlled test: 4 groups of 8 a version, 2 epochs of 2 minibatches (4
 optimizer steps, so the clip and approx_kl act), a 5-step warm-up (bench/RESULTS.md has the sweep), and
 a KL penalty to the warm start: without it 1 run in 12 collapsed (the rewarded digit leaked into the
@@ -146,11 +148,14 @@ class LearningConfig:
     """Models, `curve.json` and `curve.png` go to `<out_dir>/<run_id>/`."""
 
     def __post_init__(self) -> None:
-        set_by_run(self.train, "train", run_id=(self.run_id, "--run-id"),
-                   temperature=(self.temperature, "--temperature"))
+        set_by_run(
+            self.train, "train", run_id=(self.run_id, "--run-id"), temperature=(self.temperature, "--temperature")
+        )
         if self.anchor_coef and self.warm_start is not None and not self.warm_start_run:
-            raise ValueError("anchor_coef > 0 with a warm_start needs warm_start_run: the run whose "
-                             "demonstrations the warm start cloned (`controlled_warm_start`'s run_id)")
+            raise ValueError(
+                "anchor_coef > 0 with a warm_start needs warm_start_run: the run whose "
+                "demonstrations the warm start cloned (`controlled_warm_start`'s run_id)"
+            )
 
 
 def demonstrations_run(run_id: str) -> str:
@@ -160,8 +165,13 @@ def demonstrations_run(run_id: str) -> str:
 
 def rl_train_config(config: LearningConfig, run_id: str) -> TrainConfig:
     """The RL stage's `TrainConfig`: `config.train` for this run, with the anchor of `anchor_coef`."""
-    train = config.train.model_copy(update={"run_id": run_id, "temperature": config.temperature,
-                                            "max_updates": config.rl_updates or config.train.max_updates})
+    train = config.train.model_copy(
+        update={
+            "run_id": run_id,
+            "temperature": config.temperature,
+            "max_updates": config.rl_updates or config.train.max_updates,
+        }
+    )
     if not config.anchor_coef:
         return train
     demos = demonstrations_run(config.warm_start_run if config.warm_start is not None else run_id)
@@ -174,9 +184,18 @@ CONTROLLED_UPDATES = 80
 constant targets rose by +0.32 to +0.40 at 20 versions, none collapsing (bench/RESULTS.md)."""
 
 
-def controlled(run_id: str, out_dir: Path, rl_minutes: float = 10.0, control: str = "none",
-               warm_start: Path | None = None, target: str = "red", rl_updates: int | None = CONTROLLED_UPDATES,
-               seed: int = 0, anchor_coef: float = 0.0, warm_start_run: str | None = None) -> LearningConfig:
+def controlled(
+    run_id: str,
+    out_dir: Path,
+    rl_minutes: float = 10.0,
+    control: str = "none",
+    warm_start: Path | None = None,
+    target: str = "red",
+    rl_updates: int | None = CONTROLLED_UPDATES,
+    seed: int = 0,
+    anchor_coef: float = 0.0,
+    warm_start_run: str | None = None,
+) -> LearningConfig:
     """The controlled learning test on the `boxes` suite (no browser): demonstrations of `named` ("click
     the <colour> box", restated in the thought, the box drawn uniformly) give a warm start at chance on
     "click the `target` box" (a colour, or `colour`: the one the instruction names), RL from it for
@@ -185,12 +204,32 @@ def controlled(run_id: str, out_dir: Path, rl_minutes: float = 10.0, control: st
     adds the SFT anchor on the warm start's demonstrations (those of `warm_start_run`, the `run_id` given
     to `controlled_warm_start`, when `warm_start` is given)."""
     return LearningConfig(
-        suite="boxes", difficulty=None, templates=(target,), demo_templates=("named",), demo_episodes=300,
-        sft_epochs=4, sft_batch_steps=4, rl_minutes=rl_minutes, rl_updates=rl_updates, eval_episodes=96,
-        eval_split="test", temperature=1.0, workers=2, eval_workers=4, group_size=8, rl_eval_points=3, run_id=run_id,
-        out_dir=out_dir, warm_start=warm_start, curriculum=CurriculumConfig(enabled=False), seed=seed,
-        malformed_reward=CONTROLLED_MALFORMED_REWARD, train=CONTROLLED_TRAIN.model_copy(update={"control": control}),
-        anchor_coef=anchor_coef, warm_start_run=warm_start_run)
+        suite="boxes",
+        difficulty=None,
+        templates=(target,),
+        demo_templates=("named",),
+        demo_episodes=300,
+        sft_epochs=4,
+        sft_batch_steps=4,
+        rl_minutes=rl_minutes,
+        rl_updates=rl_updates,
+        eval_episodes=96,
+        eval_split="test",
+        temperature=1.0,
+        workers=2,
+        eval_workers=4,
+        group_size=8,
+        rl_eval_points=3,
+        run_id=run_id,
+        out_dir=out_dir,
+        warm_start=warm_start,
+        curriculum=CurriculumConfig(enabled=False),
+        seed=seed,
+        malformed_reward=CONTROLLED_MALFORMED_REWARD,
+        train=CONTROLLED_TRAIN.model_copy(update={"control": control}),
+        anchor_coef=anchor_coef,
+        warm_start_run=warm_start_run,
+    )
 
 
 def train_templates(config: LearningConfig) -> tuple[str, ...] | None:
@@ -221,8 +260,7 @@ class LearningCurve:
         return next((p for p in self.points if p.stage == stage), None)
 
 
-def run_learning(settings: StackSettings, config: LearningConfig,
-                 say: Callable[[str], None] = print) -> LearningCurve:
+def run_learning(settings: StackSettings, config: LearningConfig, say: Callable[[str], None] = print) -> LearningCurve:
     """Run every stage; `say` narrates (each stage shows its own progress bar)."""
     start = time.monotonic()
     run_id = config.run_id or f"learn-{uuid.uuid4().hex[:8]}"
@@ -252,19 +290,41 @@ def run_learning(settings: StackSettings, config: LearningConfig,
         say(f"[3/3] async RL for {config.rl_minutes:g} min from the SFT policy")
         train = rl_train_config(config, run_id)
         rollout = RolloutRequest(
-            suite=config.suite, difficulty=config.difficulty, templates=templates, policy="local", model_dir=sft_dir,
-            workers=config.workers, group_size=config.group_size, seed=config.seed,
-            episode=EpisodeConfig(som=True, malformed_reward=config.malformed_reward), curriculum=config.curriculum,
-            curriculum_from=(f"{config.sft_measured_by or run_id}-eval-sft",))
-        curve.rl = run_training(settings, RunConfig(mode="async", minutes=config.rl_minutes, rollout=rollout,
-                                                    train=train, run_id=run_id, log_dir=out / "logs"),
-                                on_progress=_rl_progress(say), record=False)
+            suite=config.suite,
+            difficulty=config.difficulty,
+            templates=templates,
+            policy="local",
+            model_dir=sft_dir,
+            workers=config.workers,
+            group_size=config.group_size,
+            seed=config.seed,
+            episode=EpisodeConfig(som=True, malformed_reward=config.malformed_reward),
+            curriculum=config.curriculum,
+            curriculum_from=(f"{config.sft_measured_by or run_id}-eval-sft",),
+        )
+        curve.rl = run_training(
+            settings,
+            RunConfig(
+                mode="async",
+                minutes=config.rl_minutes,
+                rollout=rollout,
+                train=train,
+                run_id=run_id,
+                log_dir=out / "logs",
+            ),
+            on_progress=_rl_progress(say),
+            record=False,
+        )
         if curve.rl.stopped:
             say(f"  RL stopped early: {curve.rl.stopped}")
         versions, checkpoints = _published(settings, run_id, curve.rl.stopped), CheckpointStore.from_settings(settings)
         for version in _spaced(sorted(versions), config.rl_eval_points):
-            measure("rl" if version == max(versions) else f"rl-v{version}", checkpoints.download(versions[version]),
-                    version, sft_s + curve.rl.seconds * version / max(max(versions), 1))
+            measure(
+                "rl" if version == max(versions) else f"rl-v{version}",
+                checkpoints.download(versions[version]),
+                version,
+                sft_s + curve.rl.seconds * version / max(max(versions), 1),
+            )
         curve.differences = measure.differences()
         if curve.differences:
             say(f"paired on the same {len(measure.task_ids)} held-out instances:")
@@ -282,30 +342,53 @@ def run_learning(settings: StackSettings, config: LearningConfig,
     return curve
 
 
-def warm_start(settings: StackSettings, config: LearningConfig, run_id: str, curve: LearningCurve,
-                say: Callable[[str], None]) -> tuple[Path, float]:
+def warm_start(
+    settings: StackSettings, config: LearningConfig, run_id: str, curve: LearningCurve, say: Callable[[str], None]
+) -> tuple[Path, float]:
     """Oracle demonstrations in real episodes, then SFT on the successful ones: (model dir, SFT seconds)."""
     templates = config.demo_templates or train_templates(config)
-    say(f"[1/3] {config.demo_episodes} oracle demonstrations ({config.suite}, train split"
-        f"{f', {len(templates)} templates' if templates else ''})")
-    demos = run_rollout(settings, RolloutRequest(
-        suite=config.suite, policy="demo", workers=config.workers, group_size=1, episodes=config.demo_episodes,
-        split="train", difficulty=config.difficulty, templates=templates, run_id=demonstrations_run(run_id),
-        episode=EpisodeConfig(som=True)))
+    say(
+        f"[1/3] {config.demo_episodes} oracle demonstrations ({config.suite}, train split"
+        f"{f', {len(templates)} templates' if templates else ''})"
+    )
+    demos = run_rollout(
+        settings,
+        RolloutRequest(
+            suite=config.suite,
+            policy="demo",
+            workers=config.workers,
+            group_size=1,
+            episodes=config.demo_episodes,
+            split="train",
+            difficulty=config.difficulty,
+            templates=templates,
+            run_id=demonstrations_run(run_id),
+            episode=EpisodeConfig(som=True),
+        ),
+    )
     curve.demo_episodes, curve.demo_successes = demos.episodes, demos.successes
     LedgerWriter(settings).sync(idle_exit_s=3.0)  # SFT reads its demonstrations from the ledger
 
     say(f"[2/3] SFT warm start on {demos.successes} successful demonstrations")
     t0 = time.monotonic()
     out = config.out_dir / run_id / "sft"
-    curve.sft = train_sft(settings, SFTConfig(
-        run_ids=[demonstrations_run(run_id)], out_dir=out, epochs=config.sft_epochs, lr=config.sft_lr,
-        batch_steps=config.sft_batch_steps), on_step=_sft_progress(say))
+    curve.sft = train_sft(
+        settings,
+        SFTConfig(
+            run_ids=[demonstrations_run(run_id)],
+            out_dir=out,
+            epochs=config.sft_epochs,
+            lr=config.sft_lr,
+            batch_steps=config.sft_batch_steps,
+        ),
+        on_step=_sft_progress(say),
+    )
     return out, time.monotonic() - t0
 
 
-def controlled_warm_start(settings: StackSettings, out_dir: Path, run_id: str = "warm",
-                          say: Callable[[str], None] = print) -> Path:
+def controlled_warm_start(
+    settings: StackSettings, out_dir: Path, run_id: str = "warm", say: Callable[[str], None] = print
+) -> Path:
     """Only the controlled task's warm start (demonstrations of `named`, then SFT): the model
     directory that a set of controlled runs shares (`controlled(..., warm_start=...)`)."""
     sft, _ = warm_start(settings, controlled(run_id, out_dir), run_id, LearningCurve(run_id), say)
@@ -351,19 +434,30 @@ def _sft_progress(say):
 
 
 def _rl_progress(say):
-    return _every(30, lambda p: say(
-        f"  rl {time.monotonic() - p.started:5.0f}s  episodes {p.episodes}  success "
-        f"{p.successes / max(p.episodes, 1):.2f}  version {p.version}  updates {len(p.updates)}  "
-        f"dropped {p.dropped}  trainer idle {p.trainer_idle:.0%}" + (f"\n  {p.status}" if p.status else "")))
+    return _every(
+        30,
+        lambda p: say(
+            f"  rl {time.monotonic() - p.started:5.0f}s  episodes {p.episodes}  success "
+            f"{p.successes / max(p.episodes, 1):.2f}  version {p.version}  updates {len(p.updates)}  "
+            f"dropped {p.dropped}  trainer idle {p.trainer_idle:.0%}" + (f"\n  {p.status}" if p.status else "")
+        ),
+    )
 
 
 def _jsonable(curve: LearningCurve) -> dict:
     return {
-        "run_id": curve.run_id, "seconds": curve.seconds, "demo_episodes": curve.demo_episodes,
+        "run_id": curve.run_id,
+        "seconds": curve.seconds,
+        "demo_episodes": curve.demo_episodes,
         "demo_successes": curve.demo_successes,
         "points": [dict(asdict(p), rate=p.rate) for p in curve.points],
         "differences": [asdict(d) for d in curve.differences],
-        "sft": None if curve.sft is None else {"demonstrations": curve.sft.demonstrations,
-                                               "loss_first": curve.sft.losses[0], "loss_last": curve.sft.losses[-1]},
+        "sft": None
+        if curve.sft is None
+        else {
+            "demonstrations": curve.sft.demonstrations,
+            "loss_first": curve.sft.losses[0],
+            "loss_last": curve.sft.losses[-1],
+        },
         "rl": None if curve.rl is None else dict(vars(curve.rl), trajectories_per_hour=curve.rl.trajectories_per_hour),
     }

@@ -104,8 +104,11 @@ def emit_rows(columns: list[str], rows: Iterable[Iterable], fmt: Format, title: 
         emit_json([dict(zip(columns, r)) for r in rows])
         return
     if fmt is Format.table:
-        _table(columns, [[human(v) if v is None or isinstance(v, float | int | datetime) else str(v) for v in r]
-                         for r in rows], title)
+        _table(
+            columns,
+            [[human(v) if v is None or isinstance(v, float | int | datetime) else str(v) for v in r] for r in rows],
+            title,
+        )
         return
     cells = [["" if v is None else _text(v) for v in r] for r in rows]
     if fmt is Format.csv:
@@ -121,8 +124,11 @@ def emit_record(record: Mapping[str, object], fmt: Format, title: str | None = N
     if fmt is Format.json:
         emit_json(dict(record))
         return
-    flat = [(k.replace("_", " ") if fmt is Format.table else k, v) for k, v in record.items()
-            if not isinstance(v, list | dict)]
+    flat = [
+        (k.replace("_", " ") if fmt is Format.table else k, v)
+        for k, v in record.items()
+        if not isinstance(v, list | dict)
+    ]
     emit_rows(["what", "value"], flat, fmt, title)
 
 

@@ -18,22 +18,32 @@ import typer.core
 
 from app.output import Format, console, emit_record, emit_rows, fail, human
 
-RAW = {"context_settings": {"ignore_unknown_options": True, "allow_extra_args": True, "help_option_names": []},
-       "add_help_option": False}
+RAW = {
+    "context_settings": {"ignore_unknown_options": True, "allow_extra_args": True, "help_option_names": []},
+    "add_help_option": False,
+}
 """Typer hands every argument to the verb's parser, tyro (`app.configs.parse`)."""
 
 CONFIG_VERBS: dict[str, str] = {
-    "demo": ("The main job on the local stack: demonstrations -> SFT -> async RL -> ledger -> drift -> Dagster, "
-             "with held-out success before and after."),
-    "run": ("A training run: the stack (started if needed), the rollout pool, the ledger writer and the "
-            "torchrun trainer, with live progress."),
-    "train": ("Train on a live run's events with torchrun (FSDP2 over --nproc ranks); publish every version as "
-              "an event + S3 checkpoint."),
+    "demo": (
+        "The main job on the local stack: demonstrations -> SFT -> async RL -> ledger -> drift -> Dagster, "
+        "with held-out success before and after."
+    ),
+    "run": (
+        "A training run: the stack (started if needed), the rollout pool, the ledger writer and the "
+        "torchrun trainer, with live progress."
+    ),
+    "train": (
+        "Train on a live run's events with torchrun (FSDP2 over --nproc ranks); publish every version as "
+        "an event + S3 checkpoint."
+    ),
     "rollout": "Drive real browsers through a task suite with a policy; every step goes to the event log.",
     "sft": "Behaviour cloning of the policy on the successful trajectories of demonstration runs.",
-    "eval": ("Held-out success rate with a 95% (Wilson) confidence interval; with --models, a paired evaluation: "
-             "every model on the same instances, and each one's difference to the first with a bootstrap "
-             "interval clustered by instance."),
+    "eval": (
+        "Held-out success rate with a 95% (Wilson) confidence interval; with --models, a paired evaluation: "
+        "every model on the same instances, and each one's difference to the first with a bootstrap "
+        "interval clustered by instance."
+    ),
 }
 """Each verb's help; its flags come from its command object (`app.configs.COMMANDS`)."""
 _COMMAND = "awrl.command"
@@ -75,11 +85,14 @@ def demo(ctx: typer.Context) -> None:
             stack.down()
     emit_record(vars(summary), cmd.format, title=f"demo run {summary.run_id}")
     if cmd.format is Format.table:
-        console.print(f"next: [bold]dagster dev[/] (the run is partition {summary.run_id}), "
-                      f"[bold]awrl runs[/], [bold]awrl drift {summary.run_id}[/], "
-                      f"[bold]awrl replay {summary.run_id}[/], [bold]awrl stack down[/] when done")
-        console.print(f"see it: [bold]awrl view[/], then {page_url(settings.viewer_url, summary.run_id)}",
-                      soft_wrap=True)
+        console.print(
+            f"next: [bold]dagster dev[/] (the run is partition {summary.run_id}), "
+            f"[bold]awrl runs[/], [bold]awrl drift {summary.run_id}[/], "
+            f"[bold]awrl replay {summary.run_id}[/], [bold]awrl stack down[/] when done"
+        )
+        console.print(
+            f"see it: [bold]awrl view[/], then {page_url(settings.viewer_url, summary.run_id)}", soft_wrap=True
+        )
     if summary.events_in_ledger == 0:
         raise fail("the run did not reach the ledger", 1)
 
@@ -95,19 +108,26 @@ def run(ctx: typer.Context) -> None:
     config = cmd.run
     settings, _, _ = find_or_start(cmd.data_dir, console.status)
     with Live(console=console, refresh_per_second=2, transient=cmd.format is not Format.table) as live:
+
         def show(p) -> None:
             elapsed = time.monotonic() - p.started
-            live.update(f"[bold]{config.mode}[/] {elapsed / 60:4.1f}/{config.minutes:g} min  trajectories "
-                        f"{p.episodes:,}  success {p.successes / max(p.episodes, 1):.2f}  policy v{p.version}  "
-                        f"staleness {p.staleness:.2f}  dropped {p.dropped}  trainer idle {p.trainer_idle:.0%}"
-                        + (f"\n[yellow]{p.status}[/]" if p.status else ""))
+            live.update(
+                f"[bold]{config.mode}[/] {elapsed / 60:4.1f}/{config.minutes:g} min  trajectories "
+                f"{p.episodes:,}  success {p.successes / max(p.episodes, 1):.2f}  policy v{p.version}  "
+                f"staleness {p.staleness:.2f}  dropped {p.dropped}  trainer idle {p.trainer_idle:.0%}"
+                + (f"\n[yellow]{p.status}[/]" if p.status else "")
+            )
 
         summary = run_training(settings, config, on_progress=show)
-    emit_record({**vars(summary), "trajectories_per_hour": summary.trajectories_per_hour}, cmd.format,
-                title=f"run {summary.run_id}")
+    emit_record(
+        {**vars(summary), "trajectories_per_hour": summary.trajectories_per_hour},
+        cmd.format,
+        title=f"run {summary.run_id}",
+    )
     if cmd.format is Format.table:
-        console.print(f"see it: [bold]awrl view[/], then {page_url(settings.viewer_url, summary.run_id)}",
-                      soft_wrap=True)
+        console.print(
+            f"see it: [bold]awrl view[/], then {page_url(settings.viewer_url, summary.run_id)}", soft_wrap=True
+        )
 
 
 def train(ctx: typer.Context) -> None:
@@ -142,8 +162,16 @@ def rollout(ctx: typer.Context) -> None:
     _require_model_dir(req.model_dir)
     budget = None if cmd.eta is None else StalenessBudget(cmd.eta, cmd.groups_per_update)
     stats = run_rollout(StackSettings(), req, admission=budget)
-    emit_record({"episodes": stats.episodes, "success": stats.successes / max(stats.episodes, 1),
-                 "env_errors": stats.env_errors, "steps": stats.steps, "steps_per_s": stats.steps_per_s}, cmd.format)
+    emit_record(
+        {
+            "episodes": stats.episodes,
+            "success": stats.successes / max(stats.episodes, 1),
+            "env_errors": stats.env_errors,
+            "steps": stats.steps,
+            "steps_per_s": stats.steps_per_s,
+        },
+        cmd.format,
+    )
 
 
 def sft(ctx: typer.Context) -> None:
@@ -165,10 +193,20 @@ def sft(ctx: typer.Context) -> None:
         require_run(con, run)
     with Progress(console=console, transient=True, disable=not console.is_terminal) as progress:
         task = progress.add_task("sft", total=None)
-        result = train_sft(settings, config, on_step=lambda i, n, loss: progress.update(
-            task, completed=i, total=n, description=f"sft  loss {loss:.3f}"))
-    emit_record({"demonstration_steps": result.demonstrations, "loss_first": result.losses[0],
-                 "loss_last": result.losses[-1], "model_dir": str(result.out_dir)}, cmd.format)
+        result = train_sft(
+            settings,
+            config,
+            on_step=lambda i, n, loss: progress.update(task, completed=i, total=n, description=f"sft  loss {loss:.3f}"),
+        )
+    emit_record(
+        {
+            "demonstration_steps": result.demonstrations,
+            "loss_first": result.losses[0],
+            "loss_last": result.losses[-1],
+            "model_dir": str(result.out_dir),
+        },
+        cmd.format,
+    )
 
 
 def evaluate(ctx: typer.Context) -> None:
@@ -180,18 +218,38 @@ def evaluate(ctx: typer.Context) -> None:
     _require_model_dir(c.model_dir)
     if c.models:
         if c.model_dir is not None or c.policy != "local":
-            raise fail("--models evaluates model directories with the local policy: leave out --model-dir and "
-                       "--policy")
+            raise fail("--models evaluates model directories with the local policy: leave out --model-dir and --policy")
         _paired(StackSettings(), c, _paired_policies(c), cmd.format)
         return
     if c.labels or c.model_temperatures:
         raise fail("--labels and --model-temperatures name the --models of a paired evaluation: add --models DIR")
-    result = run_eval(StackSettings(), c.policy, c.model_dir, c.suite, c.split, c.difficulty, c.episodes, c.workers,
-                      c.som, c.temperature, run_id=c.run_id, templates=c.templates)
+    result = run_eval(
+        StackSettings(),
+        c.policy,
+        c.model_dir,
+        c.suite,
+        c.split,
+        c.difficulty,
+        c.episodes,
+        c.workers,
+        c.som,
+        c.temperature,
+        run_id=c.run_id,
+        templates=c.templates,
+    )
     low, high = result.ci95
-    emit_record({"run_id": result.run_id, "episodes": result.episodes, "successes": result.successes,
-                 "success": result.rate, "ci95_low": low, "ci95_high": high}, cmd.format,
-                title=f"{result.run_id}: success {human(result.rate)} [{human(low)}, {human(high)}]")
+    emit_record(
+        {
+            "run_id": result.run_id,
+            "episodes": result.episodes,
+            "successes": result.successes,
+            "success": result.rate,
+            "ci95_low": low,
+            "ci95_high": high,
+        },
+        cmd.format,
+        title=f"{result.run_id}: success {human(result.rate)} [{human(low)}, {human(high)}]",
+    )
 
 
 def _paired_policies(c) -> list:
@@ -201,8 +259,9 @@ def _paired_policies(c) -> list:
     models, labels, temperatures = list(c.models), list(c.labels), list(c.model_temperatures)
     for flag, given in (("--labels", labels), ("--model-temperatures", temperatures)):
         if given and len(given) != len(models):
-            raise fail(f"{len(given)} {flag} for {len(models)} --models: give one for each of --models, in order, "
-                       "or none")
+            raise fail(
+                f"{len(given)} {flag} for {len(models)} --models: give one for each of --models, in order, or none"
+            )
     for m in models:
         _require_model_dir(m, "--models")
     temperatures = temperatures or [c.temperature] * len(models)
@@ -222,19 +281,61 @@ def _paired(settings, c, policies, fmt: Format) -> None:
         instance_ids(c.suite, c.split, c.difficulty, c.templates, c.instances)
     except ValueError as exc:  # no task of the split fits the filters
         raise fail(str(exc)) from None
-    paired = evaluate_paired(settings, policies, c.suite, c.split, c.difficulty, c.templates, c.instances, c.samples,
-                             c.workers, c.som, c.run_id)
+    paired = evaluate_paired(
+        settings,
+        policies,
+        c.suite,
+        c.split,
+        c.difficulty,
+        c.templates,
+        c.instances,
+        c.samples,
+        c.workers,
+        c.som,
+        c.run_id,
+    )
     rows = []
     for i, p in enumerate(paired.policies):
         total = p.total
         d = p.minus(paired.policies[0]) if i else None
-        rows.append([p.label, p.temperature, total.episodes, total.successes, total.rate, *total.ci95,
-                     p.invalid_share, p.env_errors, *((d.diff, *d.ci95) if d else (None, None, None)), p.run_id])
-    columns = ["policy", "temperature", "episodes", "successes", "success", "ci95_low", "ci95_high",
-               "invalid_actions", "env_errors", "minus_first", "minus_first_low", "minus_first_high", "run_id"]
-    emit_rows(columns, rows, fmt, title=(
-        f"{paired.run_id}: {len(paired.task_ids)} instances x {c.samples} episodes, {c.suite} {c.split} "
-        f"{c.difficulty or ''} (success: Wilson 95%; minus first: paired bootstrap 95% over instances)"))
+        rows.append(
+            [
+                p.label,
+                p.temperature,
+                total.episodes,
+                total.successes,
+                total.rate,
+                *total.ci95,
+                p.invalid_share,
+                p.env_errors,
+                *((d.diff, *d.ci95) if d else (None, None, None)),
+                p.run_id,
+            ]
+        )
+    columns = [
+        "policy",
+        "temperature",
+        "episodes",
+        "successes",
+        "success",
+        "ci95_low",
+        "ci95_high",
+        "invalid_actions",
+        "env_errors",
+        "minus_first",
+        "minus_first_low",
+        "minus_first_high",
+        "run_id",
+    ]
+    emit_rows(
+        columns,
+        rows,
+        fmt,
+        title=(
+            f"{paired.run_id}: {len(paired.task_ids)} instances x {c.samples} episodes, {c.suite} {c.split} "
+            f"{c.difficulty or ''} (success: Wilson 95%; minus first: paired bootstrap 95% over instances)"
+        ),
+    )
 
 
 def _require_model_dir(model_dir: Path | None, flag: str = "--model-dir") -> None:
@@ -244,6 +345,12 @@ def _require_model_dir(model_dir: Path | None, flag: str = "--model-dir") -> Non
 
 def register(app: typer.Typer) -> None:
     """Add the verbs that run something to the main `awrl` CLI."""
-    for verb, function in (("demo", demo), ("run", run), ("train", train), ("rollout", rollout), ("sft", sft),
-                           ("eval", evaluate)):
+    for verb, function in (
+        ("demo", demo),
+        ("run", run),
+        ("train", train),
+        ("rollout", rollout),
+        ("sft", sft),
+        ("eval", evaluate),
+    ):
         app.command(verb, cls=ConfigVerb, help=f"{CONFIG_VERBS[verb]} Flags: `awrl {verb} --help`.", **RAW)(function)

@@ -9,17 +9,25 @@ import typer
 
 from app.output import FORMAT, Format, console, emit_rows, fail
 
-runs_app = typer.Typer(help="The runs in the ledger (`awrl runs`), and each one's recorded config (`awrl runs show`).",
-                       invoke_without_command=True)
+runs_app = typer.Typer(
+    help="The runs in the ledger (`awrl runs`), and each one's recorded config (`awrl runs show`).",
+    invoke_without_command=True,
+)
 LEDGER = typer.Option(None, "--ledger", help="Ledger root (directory or s3://bucket/prefix); default: AWRL_LEDGER_URI.")
 COLUMNS = ("run_id", "started_at", "command", "suite", "versions", "episodes", "success")
 
 
 @runs_app.callback()
-def runs(ctx: typer.Context, format: Format = FORMAT, ledger: str = LEDGER,  # noqa: A002 - the option's name
-         last: bool = typer.Option(False, "--last", help="Print only the id of the latest run started by "
-                                                         "`awrl run`, `demo` or `train` (for scripts: RUN=$(...))."),
-         ) -> None:
+def runs(
+    ctx: typer.Context,
+    format: Format = FORMAT,
+    ledger: str = LEDGER,  # noqa: A002 - the option's name
+    last: bool = typer.Option(
+        False,
+        "--last",
+        help="Print only the id of the latest run started by `awrl run`, `demo` or `train` (for scripts: RUN=$(...)).",
+    ),
+) -> None:
     """List the runs in the ledger: id, start, the command that started it, suite, policy versions
     published, episodes and their success rate."""
     if ctx.invoked_subcommand is not None:
@@ -31,8 +39,9 @@ def runs(ctx: typer.Context, format: Format = FORMAT, ledger: str = LEDGER,  # n
     con = connect_ledger(ledger)
     try:
         if last:
-            row = con.execute("SELECT run_id FROM runs WHERE command IS NOT NULL ORDER BY started_at DESC LIMIT 1"
-                              ).fetchone()
+            row = con.execute(
+                "SELECT run_id FROM runs WHERE command IS NOT NULL ORDER BY started_at DESC LIMIT 1"
+            ).fetchone()
             if row is None:
                 raise fail("no run started by `awrl run`, `demo` or `train` in the ledger (`make demo` makes one)")
             print(row[0])
@@ -46,8 +55,10 @@ def runs(ctx: typer.Context, format: Format = FORMAT, ledger: str = LEDGER,  # n
     emit_rows(list(COLUMNS), rows, format)
     if format is Format.table:
         viewer = StackSettings().viewer_url
-        console.print(f"see them: [bold]awrl view[/], then {page_url(viewer)} (one run: "
-                      f"{page_url(viewer, rows[-1][0])})", soft_wrap=True)
+        console.print(
+            f"see them: [bold]awrl view[/], then {page_url(viewer)} (one run: {page_url(viewer, rows[-1][0])})",
+            soft_wrap=True,
+        )
 
 
 class ShowFormat(str, Enum):  # noqa: UP042 - as app.output.Format: a StrEnum changes str()
@@ -58,8 +69,12 @@ class ShowFormat(str, Enum):  # noqa: UP042 - as app.output.Format: a StrEnum ch
 @runs_app.command("show")
 def show(
     run_id: str = typer.Argument(..., help="The run."),
-    format: ShowFormat = typer.Option(ShowFormat.yaml, "--format", "-f",  # noqa: A002 - the option's name
-                                      help="yaml (what `--config` reads) or json."),
+    format: ShowFormat = typer.Option(  # noqa: A002 - the option's name
+        ShowFormat.yaml,
+        "--format",
+        "-f",
+        help="yaml (what `--config` reads) or json.",
+    ),
     ledger: str = LEDGER,
 ) -> None:
     """The run's resolved config, as `awrl <command> --config FILE` reads it: save it, edit it, launch
@@ -81,8 +96,14 @@ def show(
     if format is ShowFormat.json:
         print(json.dumps(config))
         return
-    print(to_yaml(config, f"Recorded config of run {run_id} (awrl {command}); launch it again with\n"
-                          f"  awrl {command} --config FILE   (flags given beside it override the file)"), end="")
+    print(
+        to_yaml(
+            config,
+            f"Recorded config of run {run_id} (awrl {command}); launch it again with\n"
+            f"  awrl {command} --config FILE   (flags given beside it override the file)",
+        ),
+        end="",
+    )
 
 
 def _new_run(config: dict) -> dict:

@@ -12,8 +12,9 @@ from rich.table import Table
 from app.output import FORMAT, NO, Format, console, emit_json, emit_rows, fail
 from pipeline.settings import StackSettings, stack_dir
 
-stack_app = typer.Typer(help="The embedded local stack: Kafka-protocol broker + S3 store on 127.0.0.1.",
-                        no_args_is_help=True)
+stack_app = typer.Typer(
+    help="The embedded local stack: Kafka-protocol broker + S3 store on 127.0.0.1.", no_args_is_help=True
+)
 ledger_app = typer.Typer(help="The Parquet ledger: every event of every run, exactly once.", no_args_is_help=True)
 DATA_DIR = typer.Option(stack_dir(), "--data-dir", help="Where the stack keeps its data, logs and PID record.")
 LEDGER_URI = typer.Option(None, help="Override AWRL_LEDGER_URI (s3://bucket/prefix or a directory).")
@@ -22,13 +23,17 @@ LEDGER_URI = typer.Option(None, help="Override AWRL_LEDGER_URI (s3://bucket/pref
 @stack_app.command("up")
 def stack_up(
     data_dir: Path = DATA_DIR,
-    durable: bool = typer.Option(True, "--durable/--ephemeral",
-                                 help="Object store on a file that survives restarts, or in memory."),
+    durable: bool = typer.Option(
+        True, "--durable/--ephemeral", help="Object store on a file that survives restarts, or in memory."
+    ),
     kafka_port: int = typer.Option(None, help="Broker port (default: a free one)."),
     s3_port: int = typer.Option(None, help="S3 port (default: a free one)."),
     dotenv: Path = typer.Option(Path(".env"), help="Also write the connection settings here."),
-    vllm: Path = typer.Option(None, help="Also serve this HF model directory with vLLM (the policy server of "
-                                         "--policy vllm; its environment comes from `make vllm-env`)."),
+    vllm: Path = typer.Option(
+        None,
+        help="Also serve this HF model directory with vLLM (the policy server of "
+        "--policy vllm; its environment comes from `make vllm-env`).",
+    ),
     vllm_cpus: str = typer.Option(None, help="Cores vLLM's threads bind to, e.g. 0 or 0-1 (default: vLLM's choice)."),
 ) -> None:
     """Start the stack (or report the running one) and write its settings to .env."""
@@ -42,8 +47,10 @@ def stack_up(
     with console.status(f"starting {what} ..."):
         stack = LocalStack.up(data_dir, durable=durable, kafka_port=kafka_port, s3_port=s3_port, vllm=server)
     if not stack.write_dotenv(dotenv):
-        console.print(f"[yellow]{dotenv} exists and was not written by awrl; left it alone.[/] "
-                      f"Settings are in {data_dir / 'stack.env'}")
+        console.print(
+            f"[yellow]{dotenv} exists and was not written by awrl; left it alone.[/] "
+            f"Settings are in {data_dir / 'stack.env'}"
+        )
     _print_status(stack, Format.table)
 
 
@@ -82,8 +89,10 @@ def _print_status(stack, fmt: Format) -> bool:
     for name, port, pid, state in rows:
         table.add_row(name, str(port or "-"), str(pid), "[green]up[/]" if state == "up" else "[red]down[/]")
     console.print(table)
-    console.print(f"kafka {stack.kafka_bootstrap}   s3 http://{stack.s3.endpoint}   bucket {stack.bucket}"
-                  + (f"   vllm {stack.vllm_url} ({stack.vllm_model})" if stack.vllm_url else ""))
+    console.print(
+        f"kafka {stack.kafka_bootstrap}   s3 http://{stack.s3.endpoint}   bucket {stack.bucket}"
+        + (f"   vllm {stack.vllm_url} ({stack.vllm_model})" if stack.vllm_url else "")
+    )
     return all(health.values())
 
 
@@ -102,11 +111,18 @@ def ledger_sync(
     stop = threading.Event()  # SIGTERM (compose's stop) ends it cleanly: its flush settled, its receipts out
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     with console.status(f"writing {settings.ledger_uri} ...") as status:
-        stats = writer.sync(follow=follow, stop=stop, on_flush=lambda s: status.update(
-            f"{s.written:,} events in {s.files:,} files, {s.duplicates:,} duplicates skipped, "
-            f"max lag {s.max_lag_s:.2f}s"))
-    console.print(f"{stats.written:,} events written in {stats.files:,} files ({stats.bytes / 1e6:.1f} MB), "
-                  f"{stats.duplicates:,} duplicates skipped, max lag {stats.max_lag_s:.2f}s")
+        stats = writer.sync(
+            follow=follow,
+            stop=stop,
+            on_flush=lambda s: status.update(
+                f"{s.written:,} events in {s.files:,} files, {s.duplicates:,} duplicates skipped, "
+                f"max lag {s.max_lag_s:.2f}s"
+            ),
+        )
+    console.print(
+        f"{stats.written:,} events written in {stats.files:,} files ({stats.bytes / 1e6:.1f} MB), "
+        f"{stats.duplicates:,} duplicates skipped, max lag {stats.max_lag_s:.2f}s"
+    )
 
 
 @ledger_app.command("compact")
@@ -125,9 +141,11 @@ def ledger_compact(
         if not results:
             raise fail(f"no files of run {run!r} under {settings.ledger_uri} (`awrl runs` lists the runs)")
         for event_type, r in sorted(results.items()):
-            console.print(f"{run} {event_type}: {r.files_before} -> {r.files_after} files ({r.rows:,} rows merged, "
-                          f"{r.deleted} superseded files deleted)"
-                          + (" - another pass merged these files first; this one gave way" if r.yielded else ""))
+            console.print(
+                f"{run} {event_type}: {r.files_before} -> {r.files_after} files ({r.rows:,} rows merged, "
+                f"{r.deleted} superseded files deleted)"
+                + (" - another pass merged these files first; this one gave way" if r.yielded else "")
+            )
 
 
 @ledger_app.command("verify")
@@ -151,16 +169,21 @@ def ledger_verify(
         for f in findings:
             console.print(f.line(), markup=False)
     else:
-        emit_rows(["kind", "count", "first"], [[f.kind, f.count, f.rows[0] if f.rows else None] for f in findings],
-                  format)
+        emit_rows(
+            ["kind", "count", "first"], [[f.kind, f.count, f.rows[0] if f.rows else None] for f in findings], format
+        )
     if found := [f"{f.count} {f.kind.replace('_', ' ')}" for f in findings if f.count]:
         raise fail(f"the ledger{f' of run {run_id}' if run_id else ''} is not sound: {', '.join(found)}", NO)
 
 
 def health(
     max_age: float = typer.Option(120.0, help="Seconds after which a heartbeat is too old."),
-    heartbeat: Path = typer.Option(None, envvar="AWRL_HEARTBEAT_FILE", show_envvar=True,
-                                   help="The file the service touches while its main loop runs."),
+    heartbeat: Path = typer.Option(
+        None,
+        envvar="AWRL_HEARTBEAT_FILE",
+        show_envvar=True,
+        help="The file the service touches while its main loop runs.",
+    ),
 ) -> None:
     """A container healthcheck: exit 0 while the service's heartbeat is fresh, 1 otherwise."""
     from pipeline.health import age

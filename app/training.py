@@ -52,8 +52,9 @@ class RunConfig:
     mode: Literal["async", "sync"] = "async"
     minutes: float = 10.0
     """Wall budget for rollout and training (start-up and the final drain are not counted)."""
-    rollout: RolloutRequest = RolloutRequest(policy="local", workers=2, group_size=2, difficulty="easy",
-                                             episode=EpisodeConfig(som=True), episodes=None)
+    rollout: RolloutRequest = RolloutRequest(
+        policy="local", workers=2, group_size=2, difficulty="easy", episode=EpisodeConfig(som=True), episodes=None
+    )
     """The pool's side: suite, tasks, policy, its initial weights (the trainer's too), workers, G,
     curriculum. The run sets `run_id`, `episodes`, `temperature` (the trainer's) and `min_version`;
     `everlasting=False` relaunches each browser after every episode (an ablation)."""
@@ -82,11 +83,21 @@ class RunConfig:
     32 in a row with odds of 1 in 90,000."""
 
     def __post_init__(self) -> None:
-        set_by_run(self.train, "train", run_id=(self.run_id, "--run-id"),
-                   eta=(self.eta if self.mode == "async" else 0, "--eta"),
-                   model_dir=(self.rollout.model_dir, "--rollout.model-dir"))
-        set_by_run(self.rollout, "rollout", run_id=(self.run_id, "--run-id"), episodes=(None, "--minutes"),
-                   temperature=(self.train.temperature, "--train.temperature"), min_version=(0, "--mode"))
+        set_by_run(
+            self.train,
+            "train",
+            run_id=(self.run_id, "--run-id"),
+            eta=(self.eta if self.mode == "async" else 0, "--eta"),
+            model_dir=(self.rollout.model_dir, "--rollout.model-dir"),
+        )
+        set_by_run(
+            self.rollout,
+            "rollout",
+            run_id=(self.run_id, "--run-id"),
+            episodes=(None, "--minutes"),
+            temperature=(self.train.temperature, "--train.temperature"),
+            min_version=(0, "--mode"),
+        )
 
 
 def set_by_run(config, prefix: str, **sources: tuple[object, str]) -> None:
@@ -198,9 +209,16 @@ class RunSummary:
 
 def record_start(producer: EventProducer, run_id: str, command: str, config) -> None:
     """Record the run's resolved config (`RunStarted`) in its event log, before anything else it does."""
-    producer.publish(RunStarted(
-        run_id=run_id, command=command, config_json=TypeAdapter(type(config)).dump_json(config).decode(),
-        argv=sys.argv, package_version=_package_version(), host=socket.gethostname())).get(timeout=60)
+    producer.publish(
+        RunStarted(
+            run_id=run_id,
+            command=command,
+            config_json=TypeAdapter(type(config)).dump_json(config).decode(),
+            argv=sys.argv,
+            package_version=_package_version(),
+            host=socket.gethostname(),
+        )
+    ).get(timeout=60)
 
 
 def _package_version() -> str:
@@ -222,18 +240,37 @@ def run_training(settings: StackSettings, config: RunConfig, on_progress=None, r
         config = replace(config, rollout=replace(config.rollout, model_dir=ensure_policy()))
     if config.push and config.rollout.policy in ("local", "demo") and config.train.push_address is None:
         address = f"127.0.0.1:{free_port()}"  # the trainer's rank 0 runs on this host too
-        config = replace(config, train=config.train.model_copy(update={"push_address": address}),
-                         rollout=replace(config.rollout, push_address=address))
-    train = config.train.model_copy(update={
-        "run_id": run_id, "model_dir": config.rollout.model_dir, "eta": config.eta if config.mode == "async" else 0})
+        config = replace(
+            config,
+            train=config.train.model_copy(update={"push_address": address}),
+            rollout=replace(config.rollout, push_address=address),
+        )
+    train = config.train.model_copy(
+        update={
+            "run_id": run_id,
+            "model_dir": config.rollout.model_dir,
+            "eta": config.eta if config.mode == "async" else 0,
+        }
+    )
     config = replace(config, run_id=run_id, train=train)  # the schedules below read the resolved config
     progress, stop = RunProgress(), threading.Event()
     producer = EventProducer(settings, client_id="run")
     if record:
         record_start(producer, run_id, "run", recorded)
-    watcher = threading.Thread(target=follow_run, daemon=True,
-                               args=(settings, TRAINER, run_id, [PolicyVersionPublished, UpdateApplied, GroupDropped],
-                                     progress.on_trainer_event, stop, producer, "run"))
+    watcher = threading.Thread(
+        target=follow_run,
+        daemon=True,
+        args=(
+            settings,
+            TRAINER,
+            run_id,
+            [PolicyVersionPublished, UpdateApplied, GroupDropped],
+            progress.on_trainer_event,
+            stop,
+            producer,
+            "run",
+        ),
+    )
     watcher.start()
     tensorboard = LiveTensorBoard(settings, run_id, config.tensorboard) if config.tensorboard else None
     with open(logs / "trainer.log", "w") as tlog, open(logs / "ledger.log", "w") as llog:
@@ -259,11 +296,25 @@ def run_training(settings: StackSettings, config: RunConfig, on_progress=None, r
     if tensorboard:
         tensorboard.finish()
     busy = max(progress.busy_s, 1e-9)
-    return RunSummary(run_id, config.mode, seconds, progress.episodes, progress.successes, progress.steps,
-                      len(progress.updates), progress.version, progress.dropped, progress.trainer_idle,
-                      progress.staleness, progress.record_s / busy,
-                      None if ledger_cpu_s is None else ledger_cpu_s / busy, progress.stopped,
-                      informative.groups, informative.share, informative.per_minute)
+    return RunSummary(
+        run_id,
+        config.mode,
+        seconds,
+        progress.episodes,
+        progress.successes,
+        progress.steps,
+        len(progress.updates),
+        progress.version,
+        progress.dropped,
+        progress.trainer_idle,
+        progress.staleness,
+        progress.record_s / busy,
+        None if ledger_cpu_s is None else ledger_cpu_s / busy,
+        progress.stopped,
+        informative.groups,
+        informative.share,
+        informative.per_minute,
+    )
 
 
 def _informative_groups(settings: StackSettings, run_id: str):
@@ -329,11 +380,18 @@ def _cpu_seconds(pid: int) -> float | None:
     return t.user + t.system
 
 
-def _request(config: RunConfig, run_id: str, episodes: int | None, min_version: int = 0,
-             seed: int = 0) -> RolloutRequest:
+def _request(
+    config: RunConfig, run_id: str, episodes: int | None, min_version: int = 0, seed: int = 0
+) -> RolloutRequest:
     # The pool samples at the temperature the trainer scores at: the behaviour distribution is one.
-    return replace(config.rollout, run_id=run_id, episodes=episodes, temperature=config.train.temperature,
-                   min_version=min_version, seed=config.rollout.seed + seed)
+    return replace(
+        config.rollout,
+        run_id=run_id,
+        episodes=episodes,
+        temperature=config.train.temperature,
+        min_version=min_version,
+        seed=config.rollout.seed + seed,
+    )
 
 
 def _count(progress: RunProgress):
@@ -341,8 +399,11 @@ def _count(progress: RunProgress):
 
     def update(pool) -> None:
         s = pool.stats
-        progress.episodes, progress.successes, progress.steps = (base[0] + s.episodes, base[1] + s.successes,
-                                                                 base[2] + s.steps)
+        progress.episodes, progress.successes, progress.steps = (
+            base[0] + s.episodes,
+            base[1] + s.successes,
+            base[2] + s.steps,
+        )
         progress.busy_s, progress.record_s = base[3] + s.busy_s, base[4] + s.record_s
         progress.pool = s
 
@@ -368,8 +429,12 @@ def _run_async(settings, config: RunConfig, run_id: str, progress: RunProgress, 
 def _run_sync(settings, config: RunConfig, run_id: str, progress: RunProgress, deadline: float, trainer) -> None:
     batch = config.train.groups_per_update
     dispatched = 0
-    while (time.monotonic() < deadline and trainer.poll() is None and not progress.starved(config.patience)
-           and not _finished(progress, config.train.max_updates)):
+    while (
+        time.monotonic() < deadline
+        and trainer.poll() is None
+        and not progress.starved(config.patience)
+        and not _finished(progress, config.train.max_updates)
+    ):
         version = progress.version
         # collect until the trainer can fill a batch: every group it dropped must be replaced
         needed = batch
@@ -386,8 +451,9 @@ def _run_sync(settings, config: RunConfig, run_id: str, progress: RunProgress, d
         progress.iterations += 1
 
 
-def _wait_for_trainer(progress: RunProgress, version: int, dispatched: int, batch: int, deadline: float,
-                      trainer) -> int:
+def _wait_for_trainer(
+    progress: RunProgress, version: int, dispatched: int, batch: int, deadline: float, trainer
+) -> int:
     """Wait for the trainer's next version (then 0 more groups are needed), or until it has dropped so
     many groups that the ones it holds cannot fill a batch (then the shortfall)."""
     while time.monotonic() < deadline and trainer.poll() is None:

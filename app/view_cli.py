@@ -12,13 +12,17 @@ import typer
 from app.analysis_cli import LEDGER, connect_ledger
 from app.output import console, fail
 
-export_app = typer.Typer(help="A run's curves as TensorBoard files, or its steps as a dataset (Parquet with images).",
-                         no_args_is_help=True)
+export_app = typer.Typer(
+    help="A run's curves as TensorBoard files, or its steps as a dataset (Parquet with images).", no_args_is_help=True
+)
 
 
 def view(
-    host: str = typer.Option("127.0.0.1", "--host", help="Address to bind; loopback unless told otherwise "
-                                                         "(the ledger holds every prompt and screenshot)."),
+    host: str = typer.Option(
+        "127.0.0.1",
+        "--host",
+        help="Address to bind; loopback unless told otherwise (the ledger holds every prompt and screenshot).",
+    ),
     port: int = typer.Option(8765, "--port", help="TCP port."),
     ledger: str = LEDGER,
 ) -> None:
@@ -39,8 +43,11 @@ def _check_free(host: str, port: int) -> None:
         try:
             s.bind((host, port))
         except OSError as exc:
-            why = ("is in use (another `awrl view`?)" if exc.errno == errno.EADDRINUSE
-                   else f"cannot be bound: {exc.strerror}")
+            why = (
+                "is in use (another `awrl view`?)"
+                if exc.errno == errno.EADDRINUSE
+                else f"cannot be bound: {exc.strerror}"
+            )
             raise fail(f"{host}:{port} {why}; pick another with --port") from None
 
 
@@ -66,9 +73,11 @@ def tensorboard(
 def dataset(
     run_id: str = typer.Argument(..., help="The run."),
     out: Path = typer.Option(..., "--out", help="Directory for the Parquet files (created)."),
-    skip_unreadable: bool = typer.Option(False, "--skip-unreadable",
-                                         help="Leave out steps whose screenshot is missing or corrupt "
-                                              "(default: stop and name the first)."),
+    skip_unreadable: bool = typer.Option(
+        False,
+        "--skip-unreadable",
+        help="Leave out steps whose screenshot is missing or corrupt (default: stop and name the first).",
+    ),
     ledger: str = LEDGER,
 ) -> None:
     """Write the run's steps as a self-contained dataset: Parquet, one row per step with its outcome,
@@ -90,8 +99,13 @@ def dataset(
         with Progress(console=console, transient=True) as progress:
             task = progress.add_task("steps", total=steps)
             files, skipped = export_dataset(
-                con, store.get, run_id, out, skip_unreadable=skip_unreadable,
-                on_file=lambda path: progress.advance(task, pq.read_metadata(path).num_rows))
+                con,
+                store.get,
+                run_id,
+                out,
+                skip_unreadable=skip_unreadable,
+                on_file=lambda path: progress.advance(task, pq.read_metadata(path).num_rows),
+            )
     except UnreadableScreenshot as exc:
         raise fail(str(exc)) from None
     finally:

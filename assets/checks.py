@@ -20,14 +20,17 @@ from assets.tables import groups, policy_versions, steps, trajectories, updates
 
 
 def _result(bad: list, what: str, severity=dg.AssetCheckSeverity.ERROR) -> dg.AssetCheckResult:
-    return dg.AssetCheckResult(passed=not bad, severity=severity,
-                               metadata={"violations": len(bad), "examples": dg.MetadataValue.json(bad[:5]),
-                                         "rule": what})
+    return dg.AssetCheckResult(
+        passed=not bad,
+        severity=severity,
+        metadata={"violations": len(bad), "examples": dg.MetadataValue.json(bad[:5]), "rule": what},
+    )
 
 
 def _unique(table: pa.Table, key: str) -> dg.AssetCheckResult:
-    bad = run_query(f"select {key}, count(*) as n from t group by {key} having n > 1 order by {key}",
-                    t=table).to_pylist()
+    bad = run_query(
+        f"select {key}, count(*) as n from t group by {key} having n > 1 order by {key}", t=table
+    ).to_pylist()
     return _result(bad, f"{key} unique")
 
 
@@ -48,13 +51,20 @@ def _event_id_unique(asset: dg.AssetsDefinition, event_type: str, why: str) -> d
     return check
 
 
-event_ids_unique = [_event_id_unique(a, t, why) for a, t, why in (
-    (steps, "StepRecorded", "Every step event stored once: the ledger dedupes by `event_id`, so a copy means a "
-                            "broken writer (the table shows it once)."),
-    (groups, "GroupCompleted", "Every group stored once: a group counted twice would be trained twice."),
-    (updates, "UpdateApplied", "Every optimizer step stored once."),
-    (policy_versions, "PolicyVersionPublished", "Every published version stored once."),
-)]
+event_ids_unique = [
+    _event_id_unique(a, t, why)
+    for a, t, why in (
+        (
+            steps,
+            "StepRecorded",
+            "Every step event stored once: the ledger dedupes by `event_id`, so a copy means a "
+            "broken writer (the table shows it once).",
+        ),
+        (groups, "GroupCompleted", "Every group stored once: a group counted twice would be trained twice."),
+        (updates, "UpdateApplied", "Every optimizer step stored once."),
+        (policy_versions, "PolicyVersionPublished", "Every published version stored once."),
+    )
+]
 """No event of the table's type stored twice in the run's files, one check per table."""
 
 
@@ -81,24 +91,30 @@ def policy_versions_contiguous(context: dg.AssetCheckExecutionContext, ledger: L
 @dg.asset_check(asset=groups, blocking=True)
 def group_advantages_sum_to_zero(groups: pa.Table) -> dg.AssetCheckResult:
     """Group-normalised advantages (GRPO) sum to 0 within each group, to float precision."""
-    bad = [{"group_id": g, "sum": s} for g, a in zip(groups.column("group_id").to_pylist(),
-                                                     groups.column("advantages").to_pylist(), strict=True)
-           if a and abs(s := sum(a)) > 1e-6 * max(1, len(a))]
+    bad = [
+        {"group_id": g, "sum": s}
+        for g, a in zip(groups.column("group_id").to_pylist(), groups.column("advantages").to_pylist(), strict=True)
+        if a and abs(s := sum(a)) > 1e-6 * max(1, len(a))
+    ]
     return _result(bad, "sum(advantages) = 0 per group")
 
 
 @dg.asset_check(asset=steps, blocking=True)
-def token_versions_match_their_step(context: dg.AssetCheckExecutionContext, steps: pa.Table,
-                                    ledger: Ledger) -> dg.AssetCheckResult:
+def token_versions_match_their_step(
+    context: dg.AssetCheckExecutionContext, steps: pa.Table, ledger: Ledger
+) -> dg.AssetCheckResult:
     """Each step's tokens come from its own version or a later one that was published. A step names the
     version its policy held when sampling began (`rollout.episode`); an in-place refresh can only move
     the tokens after it forward, never back, so a token older than its step, or newer than any version
     the run published, is a mislabelled token (the trainer would weigh it with the wrong staleness)."""
     published = ledger.events(context.partition_key, "PolicyVersionPublished", ["version"]).column("version")
     newest = max(published.to_pylist(), default=0)
-    bad = run_query(f"""select trajectory_id, step, policy_version, min_token_version, max_token_version from s
+    bad = run_query(
+        f"""select trajectory_id, step, policy_version, min_token_version, max_token_version from s
                   where min_token_version < policy_version or max_token_version > {int(newest)}
-                  order by trajectory_id, step""", s=steps).to_pylist()
+                  order by trajectory_id, step""",
+        s=steps,
+    ).to_pylist()
     return _result(bad, f"policy_version <= token versions <= {newest} (the newest published)")
 
 
@@ -106,9 +122,12 @@ def token_versions_match_their_step(context: dg.AssetCheckExecutionContext, step
 def staleness_within_eta(updates: pa.Table) -> dg.AssetCheckResult:
     """No optimizer step trained on a token more than its config's eta versions old: the bounded
     staleness the admission rule (`trainer.staleness`) promises, checked on what was recorded."""
-    bad = run_query("""select update_step, version_before, staleness_max, json_extract(config_json, '$.eta')::int as eta
+    bad = run_query(
+        """select update_step, version_before, staleness_max, json_extract(config_json, '$.eta')::int as eta
                  from u where staleness_max > json_extract(config_json, '$.eta')::int
-                 order by update_step""", u=updates).to_pylist()
+                 order by update_step""",
+        u=updates,
+    ).to_pylist()
     return _result(bad, "stats.staleness_max <= config eta")
 
 
@@ -124,6 +143,12 @@ def dead_letters(context: dg.AssetCheckExecutionContext, ledger: Ledger) -> dg.A
     rows = read_dead_letters(ledger.settings()).select(["source_topic", "reason", "value"]).to_pylist()
     letters = [r for r in rows if message_run_id(r["value"]) in (context.partition_key, None)]
     reasons = Counter(f"{r['source_topic']}: {r['reason'][:160]}" for r in letters)
-    return dg.AssetCheckResult(passed=not letters, severity=dg.AssetCheckSeverity.WARN,
-                               metadata={"checked": True, "dead_letters": len(letters),
-                                         "reasons": dg.MetadataValue.json(dict(reasons.most_common(10)))})
+    return dg.AssetCheckResult(
+        passed=not letters,
+        severity=dg.AssetCheckSeverity.WARN,
+        metadata={
+            "checked": True,
+            "dead_letters": len(letters),
+            "reasons": dg.MetadataValue.json(dict(reasons.most_common(10))),
+        },
+    )

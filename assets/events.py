@@ -21,10 +21,14 @@ def _spec(view: str, cls) -> dg.AssetSpec:
     from schemas import arrow_schema
 
     return dg.AssetSpec(
-        key=view, group_name="events", kinds={"parquet", "kafka"}, partitions_def=runs,
+        key=view,
+        group_name="events",
+        kinds={"parquet", "kafka"},
+        partitions_def=runs,
         description=f"`{cls.__name__}` events as the ledger writer stored them (DuckDB view `{view}`). "
-                    + (cls.__doc__ or "").strip().split("\n\n")[0],
-        metadata={"dagster/column_schema": table_schema(arrow_schema(cls)), "event_type": cls.__name__})
+        + (cls.__doc__ or "").strip().split("\n\n")[0],
+        metadata={"dagster/column_schema": table_schema(arrow_schema(cls)), "event_type": cls.__name__},
+    )
 
 
 event_tables = [_spec(view, cls) for view, cls in RAW_VIEWS.items()]

@@ -48,9 +48,14 @@ class Ledger(dg.ConfigurableResource):
         fs, root = self.filesystem()
         acc: dict[str, dict[str, list[int]]] = {}
         for info in fs.get_file_info(pafs.FileSelector(root, recursive=True, allow_not_found=True)):
-            parts = info.path[len(root):].lstrip("/").split("/")
-            if (info.type != pafs.FileType.File or len(parts) < 3 or not parts[0].startswith("run_id=")
-                    or not parts[1].startswith("event_type=") or not info.path.endswith(".parquet")):
+            parts = info.path[len(root) :].lstrip("/").split("/")
+            if (
+                info.type != pafs.FileType.File
+                or len(parts) < 3
+                or not parts[0].startswith("run_id=")
+                or not parts[1].startswith("event_type=")
+                or not info.path.endswith(".parquet")
+            ):
                 continue
             run, event_type = parts[0].removeprefix("run_id="), parts[1].removeprefix("event_type=")
             a = acc.setdefault(run, {}).setdefault(event_type, [0, 0, 0])

@@ -26,14 +26,33 @@ def compaction(context: dg.AssetExecutionContext, ledger: Ledger) -> dg.Output[p
     merged and superseded files deleted."""
     results = compact_ledger(ledger.settings(), context.partition_key)
     table = pa.Table.from_pylist(
-        [{"event_type": t, "files_before": r.files_before, "files_after": r.files_after, "rows_merged": r.rows,
-          "files_deleted": r.deleted} for t, r in sorted(results.items())],
-        schema=pa.schema([("event_type", pa.string()), ("files_before", pa.int64()), ("files_after", pa.int64()),
-                          ("rows_merged", pa.int64()), ("files_deleted", pa.int64())]))
-    return dg.Output(table, metadata={
-        "dagster/row_count": table.num_rows,
-        "files_before": sum(r.files_before for r in results.values()),
-        "files_after": sum(r.files_after for r in results.values()),
-        "rows_merged": sum(r.rows for r in results.values()),
-        "passes_yielded": sum(r.yielded for r in results.values()),
-    })
+        [
+            {
+                "event_type": t,
+                "files_before": r.files_before,
+                "files_after": r.files_after,
+                "rows_merged": r.rows,
+                "files_deleted": r.deleted,
+            }
+            for t, r in sorted(results.items())
+        ],
+        schema=pa.schema(
+            [
+                ("event_type", pa.string()),
+                ("files_before", pa.int64()),
+                ("files_after", pa.int64()),
+                ("rows_merged", pa.int64()),
+                ("files_deleted", pa.int64()),
+            ]
+        ),
+    )
+    return dg.Output(
+        table,
+        metadata={
+            "dagster/row_count": table.num_rows,
+            "files_before": sum(r.files_before for r in results.values()),
+            "files_after": sum(r.files_after for r in results.values()),
+            "rows_merged": sum(r.rows for r in results.values()),
+            "passes_yielded": sum(r.yielded for r in results.values()),
+        },
+    )

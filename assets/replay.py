@@ -31,19 +31,33 @@ class ReplayConfig(dg.Config):
     """Update steps `A..B` (inclusive) or `A`; empty: every recorded update."""
 
 
-SCHEMA = pa.schema([
-    ("update_step", pa.int64()), ("version_before", pa.int64()), ("exact", pa.bool_()),
-    ("loss_recorded", pa.float64()), ("loss_replayed", pa.float64()), ("loss_variant", pa.float64()),
-    ("grad_norm_recorded", pa.float64()), ("grad_norm_replayed", pa.float64()), ("grad_norm_variant", pa.float64()),
-    ("weights_sha256_recorded", pa.string()), ("weights_sha256_replayed", pa.string()),
-    ("stats_replayed", pa.map_(pa.string(), pa.float64())), ("stats_variant", pa.map_(pa.string(), pa.float64())),
-    ("kl_recorded_variant", pa.float64()),
-])
+SCHEMA = pa.schema(
+    [
+        ("update_step", pa.int64()),
+        ("version_before", pa.int64()),
+        ("exact", pa.bool_()),
+        ("loss_recorded", pa.float64()),
+        ("loss_replayed", pa.float64()),
+        ("loss_variant", pa.float64()),
+        ("grad_norm_recorded", pa.float64()),
+        ("grad_norm_replayed", pa.float64()),
+        ("grad_norm_variant", pa.float64()),
+        ("weights_sha256_recorded", pa.string()),
+        ("weights_sha256_replayed", pa.string()),
+        ("stats_replayed", pa.map_(pa.string(), pa.float64())),
+        ("stats_variant", pa.map_(pa.string(), pa.float64())),
+        ("kl_recorded_variant", pa.float64()),
+    ]
+)
 """One row per optimizer step; the variant's columns are NULL when no variant was named."""
 
 
-@dg.asset(partitions_def=runs, group_name="training", kinds={"pytorch", "parquet"},
-          deps=["update_applied", "step_recorded", "group_completed", "policy_version_published"])
+@dg.asset(
+    partitions_def=runs,
+    group_name="training",
+    kinds={"pytorch", "parquet"},
+    deps=["update_applied", "step_recorded", "group_completed", "policy_version_published"],
+)
 def replay(context: dg.AssetExecutionContext, config: ReplayConfig, ledger: Ledger) -> dg.Output[pa.Table]:
     """The run's recorded updates re-run from the ledger and the stored checkpoints, without a browser
     or a broker (`analysis.replay`): bit-exact or not per update and, with a variant, its loss,
@@ -64,26 +78,49 @@ def replay(context: dg.AssetExecutionContext, config: ReplayConfig, ledger: Ledg
         # "Materialize all" reaches every run, sample and foreign ledgers too: say why, fail the check
         context.log.warning(f"{context.partition_key} cannot be replayed: {why}")
         return output(SCHEMA.empty_table(), variant=config.variant or "(recorded config only)", not_replayed=why)
-    results = run_replay(ledger.settings(), context.partition_key, overrides or None, selection,
-                         on_batch=lambda i, n, _: context.log.info(f"replayed batch {i}/{n}"))
-    rows = [{"update_step": s.update_step, "version_before": b.version_before, "exact": b.exact,
-             "loss_recorded": u.loss, "loss_replayed": s.loss, "loss_variant": v and v.loss,
-             "grad_norm_recorded": u.grad_norm, "grad_norm_replayed": s.grad_norm,
-             "grad_norm_variant": v and v.grad_norm,
-             "weights_sha256_recorded": u.weights_sha256, "weights_sha256_replayed": s.weights_sha256,
-             "stats_replayed": s.stats, "stats_variant": v and v.stats, "kl_recorded_variant": b.kl}
-            for b in results for s, u, v in zip(b.same, b.recorded, b.variant or [None] * len(b.same), strict=True)]
+    results = run_replay(
+        ledger.settings(),
+        context.partition_key,
+        overrides or None,
+        selection,
+        on_batch=lambda i, n, _: context.log.info(f"replayed batch {i}/{n}"),
+    )
+    rows = [
+        {
+            "update_step": s.update_step,
+            "version_before": b.version_before,
+            "exact": b.exact,
+            "loss_recorded": u.loss,
+            "loss_replayed": s.loss,
+            "loss_variant": v and v.loss,
+            "grad_norm_recorded": u.grad_norm,
+            "grad_norm_replayed": s.grad_norm,
+            "grad_norm_variant": v and v.grad_norm,
+            "weights_sha256_recorded": u.weights_sha256,
+            "weights_sha256_replayed": s.weights_sha256,
+            "stats_replayed": s.stats,
+            "stats_variant": v and v.stats,
+            "kl_recorded_variant": b.kl,
+        }
+        for b in results
+        for s, u, v in zip(b.same, b.recorded, b.variant or [None] * len(b.same), strict=True)
+    ]
     table = pa.Table.from_pylist(rows, schema=SCHEMA)
-    metadata: dict = {"variant": config.variant or "(recorded config only)",
-                      "overrides": dg.MetadataValue.json(overrides),
-                      "batches": len(results), "batches_exact": sum(b.exact for b in results)}
+    metadata: dict = {
+        "variant": config.variant or "(recorded config only)",
+        "overrides": dg.MetadataValue.json(overrides),
+        "batches": len(results),
+        "batches_exact": sum(b.exact for b in results),
+    }
     if rows:
         losses = {"recorded": [r["loss_recorded"] for r in rows], "replayed": [r["loss_replayed"] for r in rows]}
         if overrides:
             losses["variant"] = [r["loss_variant"] for r in rows]
         metadata["loss_curve"] = plot_md("loss per update", [r["update_step"] for r in rows], losses, "update step")
-    context.log.info(f"replay of {context.partition_key}: {json.dumps(metadata['overrides'].data)}, "
-                     f"{metadata['batches_exact']}/{len(results)} batches bit-exact")
+    context.log.info(
+        f"replay of {context.partition_key}: {json.dumps(metadata['overrides'].data)}, "
+        f"{metadata['batches_exact']}/{len(results)} batches bit-exact"
+    )
     return output(table, **metadata)
 
 
@@ -96,4 +133,5 @@ def replay_bit_exact(replay: pa.Table) -> dg.AssetCheckResult:
     return dg.AssetCheckResult(
         passed=bool(replay.num_rows) and not bad,
         severity=dg.AssetCheckSeverity.ERROR if replay.num_rows else dg.AssetCheckSeverity.WARN,
-        metadata={"updates": replay.num_rows, "not_exact": dg.MetadataValue.json(bad)})
+        metadata={"updates": replay.num_rows, "not_exact": dg.MetadataValue.json(bad)},
+    )

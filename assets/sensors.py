@@ -60,8 +60,13 @@ def ledger_sensor(context: dg.SensorEvaluationContext, ledger: Ledger) -> dg.Sen
         if not changed or clock - before["at"] < REFRESH_EVERY_S:
             continue
         digest = hashlib.sha256(json.dumps(types, sort_keys=True).encode()).hexdigest()[:16]
-        requests.append(dg.RunRequest(partition_key=run, run_key=f"{run}@{digest}",
-                                      asset_selection=stale_assets(context.repository_def.asset_graph, changed)))
+        requests.append(
+            dg.RunRequest(
+                partition_key=run,
+                run_key=f"{run}@{digest}",
+                asset_selection=stale_assets(context.repository_def.asset_graph, changed),
+            )
+        )
         cursor[run] = {"types": types, "at": clock}
     return dg.SensorResult(
         run_requests=requests,

@@ -97,8 +97,9 @@ def _worker(model_dir: str, reps: int, out: str) -> None:
     dist.destroy_process_group()
 
 
-def main(size: str = "bench", reps: int = 3, ranks: int = 2,
-         worker: list[str] = typer.Option(None, hidden=True)) -> None:
+def main(
+    size: str = "bench", reps: int = 3, ranks: int = 2, worker: list[str] = typer.Option(None, hidden=True)
+) -> None:
     if worker:
         return _worker(worker[0], int(worker[1]), worker[2])
     from pipeline.stack.local import LocalStack
@@ -112,8 +113,20 @@ def main(size: str = "bench", reps: int = 3, ranks: int = 2,
         try:
             out = Path(d) / "out.json"
             env = {**os.environ, **stack.settings().environ(), "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
-            cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}",
-                   __file__, "--worker", str(model_dir), "--worker", str(reps), "--worker", str(out)]
+            cmd = [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                f"--nproc_per_node={ranks}",
+                __file__,
+                "--worker",
+                str(model_dir),
+                "--worker",
+                str(reps),
+                "--worker",
+                str(out),
+            ]
             with console.status(f"{2 * reps + 2} versions on {ranks} rank(s) ..."):
                 proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
             if proc.returncode:
@@ -126,11 +139,16 @@ def main(size: str = "bench", reps: int = 3, ranks: int = 2,
     def mean(mode, key):
         return sum(r[key] for r in result["rows"] if r["mode"] == mode) / reps
 
-    rows = [[mode, f"{mean(mode, 'blocked_s'):.2f}", f"{mean(mode, 'durable_s'):.2f}", f"{mean(mode, 'update_s'):.2f}"]
-            for mode in MODES]
+    rows = [
+        [mode, f"{mean(mode, 'blocked_s'):.2f}", f"{mean(mode, 'durable_s'):.2f}", f"{mean(mode, 'update_s'):.2f}"]
+        for mode in MODES
+    ]
     rows.append(["async / sync", f"{mean('async', 'blocked_s') / mean('sync', 'blocked_s'):.2f}x", "", ""])
-    show(f"storing a version: {result['params'] / 1e6:.1f}M parameters + AdamW, {ranks} rank(s), mean of {reps}",
-         ["path", "main thread blocked (s)", "until durable (s)", "next update (s)"], rows)
+    show(
+        f"storing a version: {result['params'] / 1e6:.1f}M parameters + AdamW, {ranks} rank(s), mean of {reps}",
+        ["path", "main thread blocked (s)", "until durable (s)", "next update (s)"],
+        rows,
+    )
 
 
 if __name__ == "__main__":

@@ -44,10 +44,16 @@ def main(minutes: float = 4.0, policy: str = "demo", noise: float = 0.5, workers
         try:
             settings = stack.settings().model_copy(update={"ledger_uri": str(Path(d) / "ledger")})
             for name, mode, everlasting in variants:
-                rollout = replace(RunConfig().rollout, policy=policy, noise=noise, workers=workers,
-                                  everlasting=everlasting)
-                config = RunConfig(mode=mode, minutes=minutes, rollout=rollout, log_dir=Path(d) / "runs",
-                                   train=TrainConfig(run_id="", groups_per_update=2, dynamic_sampling=False))
+                rollout = replace(
+                    RunConfig().rollout, policy=policy, noise=noise, workers=workers, everlasting=everlasting
+                )
+                config = RunConfig(
+                    mode=mode,
+                    minutes=minutes,
+                    rollout=rollout,
+                    log_dir=Path(d) / "runs",
+                    train=TrainConfig(run_id="", groups_per_update=2, dynamic_sampling=False),
+                )
                 with console.status(f"{name}: {minutes:g} min ..."):
                     summaries[name] = run_training(settings, config)
                 console.print(f"{name}: {summaries[name].episodes} trajectories, {summaries[name].updates} updates")
@@ -59,16 +65,33 @@ def main(minutes: float = 4.0, policy: str = "demo", noise: float = 0.5, workers
             stack.down()
 
     base = summaries["sync"].trajectories_per_hour
-    cols = ["schedule", "trajectories", "trajectories/hour", "vs sync", "updates", "trainer idle", "staleness mean",
-            "recording share", "ledger writer share"]
+    cols = [
+        "schedule",
+        "trajectories",
+        "trajectories/hour",
+        "vs sync",
+        "updates",
+        "trainer idle",
+        "staleness mean",
+        "recording share",
+        "ledger writer share",
+    ]
     table = Table(title=f"same workload, {minutes:g} min each ({policy}, noise {noise}, {workers} browsers)")
     for c in cols:
         table.add_column(c)
     md = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for name, s in summaries.items():
-        row = [name, str(s.episodes), f"{s.trajectories_per_hour:,.0f}", f"{s.trajectories_per_hour / base:.2f}x",
-               str(s.updates), f"{s.trainer_idle:.0%}", f"{s.staleness_mean:.2f}", f"{s.record_share:.2%}",
-               "-" if s.ledger_share is None else f"{s.ledger_share:.2%}"]
+        row = [
+            name,
+            str(s.episodes),
+            f"{s.trajectories_per_hour:,.0f}",
+            f"{s.trajectories_per_hour / base:.2f}x",
+            str(s.updates),
+            f"{s.trainer_idle:.0%}",
+            f"{s.staleness_mean:.2f}",
+            f"{s.record_share:.2%}",
+            "-" if s.ledger_share is None else f"{s.ledger_share:.2%}",
+        ]
         table.add_row(*row)
         md.append("| " + " | ".join(row) + " |")
     console.print(table)

@@ -75,25 +75,44 @@ def main(minutes: float = 3.0, workers: int = 2) -> None:
                 pin([os.getpid(), server], ROLLOUT_CORES if layout == "pinned" else all_cores)
                 for mode in ("sync", "async"):
                     rollout = replace(RunConfig().rollout, policy="vllm", model_dir=model_dir, workers=workers)
-                    config = RunConfig(mode=mode, minutes=minutes, rollout=rollout, log_dir=Path(d) / "runs",
-                                       trainer_cpus=TRAINER_CORES if layout == "pinned" else None,
-                                       train=TrainConfig(run_id="", groups_per_update=2, dynamic_sampling=False))
+                    config = RunConfig(
+                        mode=mode,
+                        minutes=minutes,
+                        rollout=rollout,
+                        log_dir=Path(d) / "runs",
+                        trainer_cpus=TRAINER_CORES if layout == "pinned" else None,
+                        train=TrainConfig(run_id="", groups_per_update=2, dynamic_sampling=False),
+                    )
                     before = psutil.cpu_times(percpu=True)
                     with console.status(f"{layout}, {mode}: {minutes:g} min ..."):
                         summary = run_training(settings, config)
                     busy = core_busy(before, psutil.cpu_times(percpu=True))
-                    rows[f"{layout} {mode}"] = {**vars(summary), "trajectories_per_hour": summary.trajectories_per_hour,
-                                                "core_busy": busy}
-                    console.print(f"{layout} {mode}: {summary.episodes} trajectories, {summary.updates} updates, "
-                                  f"cores busy {[f'{b:.0%}' for b in busy]}")
+                    rows[f"{layout} {mode}"] = {
+                        **vars(summary),
+                        "trajectories_per_hour": summary.trajectories_per_hour,
+                        "core_busy": busy,
+                    }
+                    console.print(
+                        f"{layout} {mode}: {summary.episodes} trajectories, {summary.updates} updates, "
+                        f"cores busy {[f'{b:.0%}' for b in busy]}"
+                    )
         finally:
             stack.down()
     _report(rows, minutes)
 
 
 def _report(rows: dict, minutes: float) -> None:
-    cols = ["layout", "schedule", "trajectories", "trajectories/hour", "async/sync", "updates", "trainer idle",
-            "core 0 busy", "core 1 busy"]
+    cols = [
+        "layout",
+        "schedule",
+        "trajectories",
+        "trajectories/hour",
+        "async/sync",
+        "updates",
+        "trainer idle",
+        "core 0 busy",
+        "core 1 busy",
+    ]
     table = Table(title=f"async vs sync, vllm policy, {minutes:g} min each")
     for c in cols:
         table.add_column(c)
@@ -101,9 +120,17 @@ def _report(rows: dict, minutes: float) -> None:
     for name, r in rows.items():
         layout, mode = name.split()
         base = rows[f"{layout} sync"]["trajectories_per_hour"]
-        row = [layout, mode, str(r["episodes"]), f"{r['trajectories_per_hour']:,.0f}",
-               f"{r['trajectories_per_hour'] / base:.2f}x", str(r["updates"]), f"{r['trainer_idle']:.0%}",
-               f"{r['core_busy'][0]:.0%}", f"{r['core_busy'][1]:.0%}"]
+        row = [
+            layout,
+            mode,
+            str(r["episodes"]),
+            f"{r['trajectories_per_hour']:,.0f}",
+            f"{r['trajectories_per_hour'] / base:.2f}x",
+            str(r["updates"]),
+            f"{r['trainer_idle']:.0%}",
+            f"{r['core_busy'][0]:.0%}",
+            f"{r['core_busy'][1]:.0%}",
+        ]
         table.add_row(*row)
         md.append("| " + " | ".join(row) + " |")
     console.print(table)

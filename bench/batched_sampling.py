@@ -58,27 +58,62 @@ def one(suite: str, workers: int, arm: str, model_dir: Path, seconds: float) -> 
         marks.append((now, pool.stats.episodes, pool.stats.steps))
 
     batching = {} if max_batch is None else {"max_batch": max_batch}
-    stats = run_rollout(settings, RolloutRequest(
-        suite=suite, policy="local", model_dir=model_dir, workers=workers, group_size=workers, episodes=None,
-        temperature=1.0, episode=EpisodeConfig(som=True), run_id=f"bench-{suite}-{workers}-{arm}", **batching),
-        show_progress=False, stop=stop, on_progress=progress)
+    stats = run_rollout(
+        settings,
+        RolloutRequest(
+            suite=suite,
+            policy="local",
+            model_dir=model_dir,
+            workers=workers,
+            group_size=workers,
+            episodes=None,
+            temperature=1.0,
+            episode=EpisodeConfig(som=True),
+            run_id=f"bench-{suite}-{workers}-{arm}",
+            **batching,
+        ),
+        show_progress=False,
+        stop=stop,
+        on_progress=progress,
+    )
     t0, e0, s0 = marks[0]
     t1, e1, s1 = marks[-1]
-    print(json.dumps({"suite": suite, "workers": workers, "arm": arm, "seconds": t1 - t0,
-                      "episodes_per_s": (e1 - e0) / max(t1 - t0, 1e-9), "actions_per_s": (s1 - s0) / max(t1 - t0, 1e-9),
-                      "success": stats.successes / max(stats.episodes, 1)}))
+    print(
+        json.dumps(
+            {
+                "suite": suite,
+                "workers": workers,
+                "arm": arm,
+                "seconds": t1 - t0,
+                "episodes_per_s": (e1 - e0) / max(t1 - t0, 1e-9),
+                "actions_per_s": (s1 - s0) / max(t1 - t0, 1e-9),
+                "success": stats.successes / max(stats.episodes, 1),
+            }
+        )
+    )
 
 
 def measure(settings, tree: Path, suite: str, workers: int, arm: str, model_dir: Path, seconds: float) -> dict:
     """One point in a fresh process whose imports resolve to `tree` (this checkout or the baseline's)."""
     env = {**os.environ, **settings.environ(), "PYTHONPATH": str(tree)}
-    out = subprocess.run([sys.executable, __file__, "one", suite, str(workers), arm, str(model_dir), str(seconds)],
-                         env=env, cwd=tree, capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, __file__, "one", suite, str(workers), arm, str(model_dir), str(seconds)],
+        env=env,
+        cwd=tree,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def main(workers: str = "1,2,4,8", suites: str = "boxes,miniwob", seconds: float = 40.0,
-         model_dir: Path | None = None, baseline: str = "549671a") -> None:
+def main(
+    workers: str = "1,2,4,8",
+    suites: str = "boxes,miniwob",
+    seconds: float = 40.0,
+    model_dir: Path | None = None,
+    baseline: str = "549671a",
+) -> None:
     from app.learning import controlled_warm_start
 
     rows = []
@@ -87,8 +122,11 @@ def main(workers: str = "1,2,4,8", suites: str = "boxes,miniwob", seconds: float
         if model_dir is None:
             model_dir = controlled_warm_start(settings, d, say=console.print)
         before = d / "baseline"
-        subprocess.run(["git", "-C", str(here), "worktree", "add", "--detach", str(before), baseline], check=True,
-                       capture_output=True)
+        subprocess.run(
+            ["git", "-C", str(here), "worktree", "add", "--detach", str(before), baseline],
+            check=True,
+            capture_output=True,
+        )
         try:
             trees = {"before": before, "alone": here, "batched": here}
             for suite in suites.split(","):
@@ -104,11 +142,15 @@ def main(workers: str = "1,2,4,8", suites: str = "boxes,miniwob", seconds: float
     for c in ("suite", "workers", *ARMS, "batched / before", "batched / alone"):
         table.add_column(c, justify="right")
     for i in range(0, len(rows), len(ARMS)):
-        arms = {r["arm"]: r for r in rows[i:i + len(ARMS)]}
+        arms = {r["arm"]: r for r in rows[i : i + len(ARMS)]}
         eps = {a: r["episodes_per_s"] for a, r in arms.items()}
-        table.add_row(arms["before"]["suite"], str(arms["before"]["workers"]),
-                      *(f"{eps[a]:.2f} ({arms[a]['actions_per_s']:.2f})" for a in ARMS),
-                      f"{eps['batched'] / eps['before']:.2f}x", f"{eps['batched'] / eps['alone']:.2f}x")
+        table.add_row(
+            arms["before"]["suite"],
+            str(arms["before"]["workers"]),
+            *(f"{eps[a]:.2f} ({arms[a]['actions_per_s']:.2f})" for a in ARMS),
+            f"{eps['batched'] / eps['before']:.2f}x",
+            f"{eps['batched'] / eps['alone']:.2f}x",
+        )
     console.print(table)
 
 

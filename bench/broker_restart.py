@@ -43,9 +43,13 @@ from samples import sample_group
 
 def one_restart(tmp: Path, flush_s: float, rate_groups: float, warm_s: float, outbox: bool = False) -> dict:
     kafka = start_tansu(tmp)
-    settings = StackSettings(kafka_bootstrap=f"127.0.0.1:{kafka.port}", ledger_uri=str(tmp / "ledger"),
-                             topic_prefix=f"b{uuid.uuid4().hex[:6]}", outbox_dir=tmp / "outbox" if outbox else None,
-                             _env_file=None)
+    settings = StackSettings(
+        kafka_bootstrap=f"127.0.0.1:{kafka.port}",
+        ledger_uri=str(tmp / "ledger"),
+        topic_prefix=f"b{uuid.uuid4().hex[:6]}",
+        outbox_dir=tmp / "outbox" if outbox else None,
+        _env_file=None,
+    )
     create_topics(settings)
     writer, done = LedgerWriter(settings, LedgerConfig(max_batch_seconds=flush_s)), threading.Event()
     follower = threading.Thread(target=_follow, args=(writer, done), daemon=True)
@@ -74,8 +78,11 @@ def one_restart(tmp: Path, flush_s: float, rate_groups: float, warm_s: float, ou
     time.sleep(0.5)
     fs, root = ledger_filesystem(settings)
     files = list_parquet(fs, root)
-    written = (set(ds.dataset(files, format="parquet").to_table(columns=["event_id"]).column(0).to_pylist())
-               if files else set())
+    written = (
+        set(ds.dataset(files, format="parquet").to_table(columns=["event_id"]).column(0).to_pylist())
+        if files
+        else set()
+    )
     lost = [crash - t for i, t in acked.items() if i not in written]
     with suppress(KafkaTimeoutError):  # what the dead broker never acknowledged is abandoned
         producer.close(timeout=0)
@@ -119,16 +126,33 @@ def main() -> None:
     for _ in track(range(args.restarts), description="with the outbox"):
         with tempfile.TemporaryDirectory() as tmp:
             with_outbox.append(one_restart(Path(tmp), default, args.rate, args.warm, outbox=True))
-    table = Table("flush interval", "restarts", "acked/restart", "lost/restart (mean)", "window at risk (max s)",
-                  "window vs default")
+    table = Table(
+        "flush interval",
+        "restarts",
+        "acked/restart",
+        "lost/restart (mean)",
+        "window at risk (max s)",
+        "window vs default",
+    )
     base = max((r["window"] for r in rows.get(default, [])), default=0) or 1e-9
     for flush_s, runs in rows.items():
         window = max(r["window"] for r in runs)
-        table.add_row(f"{flush_s:.2f} s", str(len(runs)), f"{statistics.mean(r['acked'] for r in runs):.0f}",
-                      f"{statistics.mean(r['lost'] for r in runs):.1f}", f"{window:.2f}", f"{window / base:.2f}x")
-    table.add_row(f"{default:.2f} s, producers with the outbox", str(len(with_outbox)),
-                  f"{statistics.mean(r['acked'] for r in with_outbox):.0f}",
-                  f"{statistics.mean(r['lost'] for r in with_outbox):.1f}", "-", "-")
+        table.add_row(
+            f"{flush_s:.2f} s",
+            str(len(runs)),
+            f"{statistics.mean(r['acked'] for r in runs):.0f}",
+            f"{statistics.mean(r['lost'] for r in runs):.1f}",
+            f"{window:.2f}",
+            f"{window / base:.2f}x",
+        )
+    table.add_row(
+        f"{default:.2f} s, producers with the outbox",
+        str(len(with_outbox)),
+        f"{statistics.mean(r['acked'] for r in with_outbox):.0f}",
+        f"{statistics.mean(r['lost'] for r in with_outbox):.1f}",
+        "-",
+        "-",
+    )
     print("left unconfirmed in the outbox at the end, per restart:", [r["left"] for r in with_outbox])
     Console(width=150).print(table)
 

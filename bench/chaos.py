@@ -86,8 +86,9 @@ class Service:
 
     def start(self) -> None:
         with open(self.log, "a") as f:
-            self.proc = subprocess.Popen(self.argv, env=self.env, stdout=f, stderr=subprocess.STDOUT,
-                                         start_new_session=True)  # its own group: SIGKILL takes its children
+            self.proc = subprocess.Popen(
+                self.argv, env=self.env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True
+            )  # its own group: SIGKILL takes its children
         self.starts += 1
 
     def alive(self) -> bool:
@@ -122,19 +123,65 @@ class Soak:
         awrl = [sys.executable, "-m", "app.cli"]
         logs = workdir / "logs"
         logs.mkdir(exist_ok=True)
-        self.pool = Service("pool", [*awrl, "rollout", "--suite", "sites", "--policy", "demo", "--noise", "0.3",
-                                     "--workers", "4", "--group-size", "2", "--forever", "--run-id", run_id,
-                                     "--eta", str(ETA),
-                                     "--groups-per-update", "2", "--difficulty", "easy",
-                                     "--journal-dir", str(workdir / "journal")], env, logs / "pool.log")
-        self.writers = [Service(f"writer{i}", [*awrl, "ledger", "sync", "--follow"], env, logs / f"writer{i}.log")
-                        for i in range(2)]
-        self.trainer = Service("trainer", [*awrl, "train", "--run-id", run_id, "--nproc", "2", "--groups-per-update",
-                                           "2", "--minibatches", "1", "--ppo-epochs", "1", "--eta", str(ETA)],
-                               env, logs / "trainer.log")
+        self.pool = Service(
+            "pool",
+            [
+                *awrl,
+                "rollout",
+                "--suite",
+                "sites",
+                "--policy",
+                "demo",
+                "--noise",
+                "0.3",
+                "--workers",
+                "4",
+                "--group-size",
+                "2",
+                "--forever",
+                "--run-id",
+                run_id,
+                "--eta",
+                str(ETA),
+                "--groups-per-update",
+                "2",
+                "--difficulty",
+                "easy",
+                "--journal-dir",
+                str(workdir / "journal"),
+            ],
+            env,
+            logs / "pool.log",
+        )
+        self.writers = [
+            Service(f"writer{i}", [*awrl, "ledger", "sync", "--follow"], env, logs / f"writer{i}.log") for i in range(2)
+        ]
+        self.trainer = Service(
+            "trainer",
+            [
+                *awrl,
+                "train",
+                "--run-id",
+                run_id,
+                "--nproc",
+                "2",
+                "--groups-per-update",
+                "2",
+                "--minibatches",
+                "1",
+                "--ppo-epochs",
+                "1",
+                "--eta",
+                str(ETA),
+            ],
+            env,
+            logs / "trainer.log",
+        )
         self.services = [*self.writers, self.trainer, self.pool]
-        self.guests = [Service(f"guest{i}", [*awrl, "ledger", "sync", "--follow"], env, logs / f"guest{i}.log")
-                       for i in range(GUESTS)]
+        self.guests = [
+            Service(f"guest{i}", [*awrl, "ledger", "sync", "--follow"], env, logs / f"guest{i}.log")
+            for i in range(GUESTS)
+        ]
         """Writers that `writers_churn` starts and stops (not restarted when they exit)."""
         self.stopped: tuple[subprocess.Popen, float] | None = None
         """The writer `writer_stop` holds, and when (monotonic) it is to resume."""
@@ -158,8 +205,9 @@ class Soak:
             self._inject(fault)
         except Exception as exc:  # noqa: BLE001 - the stack's own recovery, not the system under test
             print(f"         {fault}: recovery slow ({type(exc).__name__}: {exc}); retrying", flush=True)
-            for attempt in tenacity.Retrying(wait=tenacity.wait_fixed(5), stop=tenacity.stop_after_delay(300),
-                                             reraise=True):
+            for attempt in tenacity.Retrying(
+                wait=tenacity.wait_fixed(5), stop=tenacity.stop_after_delay(300), reraise=True
+            ):
                 with attempt:
                     if fault == "store_down" and not s3_healthy(self.stack.s3):
                         self.stack.restart("s3")
@@ -208,11 +256,22 @@ class Soak:
 
     def _quota(self, *args: str) -> None:
         conf = self.stack.data_dir / "ceph" / "ceph.conf"
-        subprocess.run(["radosgw-admin", "-c", str(conf), "quota", *args, "--quota-scope=bucket",
-                        f"--bucket={self.settings.s3_bucket}"], check=True, capture_output=True, timeout=60)
+        subprocess.run(
+            [
+                "radosgw-admin",
+                "-c",
+                str(conf),
+                "quota",
+                *args,
+                "--quota-scope=bucket",
+                f"--bucket={self.settings.s3_bucket}",
+            ],
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
 
-    def run(self, faults: int, every_s: float, on_fault=_say, only: str | None = None,
-            rebalance: bool = False) -> None:
+    def run(self, faults: int, every_s: float, on_fault=_say, only: str | None = None, rebalance: bool = False) -> None:
         """Inject `faults` faults drawn from `FAULTS` (`only`: that one; `rebalance` as `only`: none, that
         many `writers_churn`), with `rebalance` a `writers_churn` half-way between. Each waits `every_s`
         (half of it between two of a rebalance schedule) and until a finished episode more than at the
@@ -226,7 +285,8 @@ class Soak:
         last = (started, self._finished() or 0)
         for fault in _schedule(faults, only, rebalance):
             if fault != "writer_stop" and not self._wait(
-                    lambda ledger, at=last: self._progressed(at, gap, ledger[0]), "before a fault"):
+                lambda ledger, at=last: self._progressed(at, gap, ledger[0]), "before a fault"
+            ):
                 return
             if fault == "drawn":  # drawn when due, between the faults' own draws (a browser, a writer)
                 fault = only or self.rng.choice(FAULTS)
@@ -255,8 +315,9 @@ class Soak:
             if now != seen and None not in now:
                 seen, since = now, time.monotonic()
             elif time.monotonic() - since > self.patience_s:
-                self.stalled = (f"no finished episode and no version reached the ledger in {self.patience_s:g} s "
-                                f"({what})")
+                self.stalled = (
+                    f"no finished episode and no version reached the ledger in {self.patience_s:g} s ({what})"
+                )
                 _say(f"         stalled: {self.stalled}")
                 return False
         return True
@@ -311,8 +372,7 @@ class Soak:
                 break  # the reconciliation reports them
         self.trainer.kill(signal.SIGTERM)
         prefix = f"{self.settings.topic_prefix}."
-        producers = [EventProducer(self.settings, client_id=p.stem.removeprefix(prefix))
-                     for p in self._outboxes()]
+        producers = [EventProducer(self.settings, client_id=p.stem.removeprefix(prefix)) for p in self._outboxes()]
         for p in producers:
             p._reconciler.unacked_after_s = 0.0  # nothing of theirs is in flight any more
         try:
@@ -320,7 +380,7 @@ class Soak:
             left = self._left()
             while left:
                 if time.monotonic() - started > last_resort_s:  # the soak's time, compressed: the last
-                    for p in producers:                         # resort (10 min unconfirmed) comes now
+                    for p in producers:  # resort (10 min unconfirmed) comes now
                         p._reconciler.unconfirmed_after_s = 30.0
                 for w in self.writers:
                     if not w.alive():
@@ -362,8 +422,13 @@ class Soak:
         return left
 
     def reconcile(self, seed: int) -> Reconciliation:
-        r = Reconciliation(seed, self.faults, restarts={s.name: s.starts - 1 for s in self.services},
-                           resent_at_drain=self.last_resort, stalled=self.stalled)
+        r = Reconciliation(
+            seed,
+            self.faults,
+            restarts={s.name: s.starts - 1 for s in self.services},
+            resent_at_drain=self.last_resort,
+            stalled=self.stalled,
+        )
         r = reconcile(r, self.settings, self.run_id, self._left_ids(), ETA)
         r.logs = {s.name: _tail(s.log) for s in [*self.services, *self.guests] if s.log.exists()}
         return r
@@ -404,21 +469,33 @@ def _browsers(service: Service) -> list[psutil.Process]:
         return []
     for p in children:
         try:
-            if "chromium" in p.name() and p.status() != psutil.STATUS_ZOMBIE and \
-                    not any(a.startswith("--type=") for a in p.cmdline()):
+            if (
+                "chromium" in p.name()
+                and p.status() != psutil.STATUS_ZOMBIE
+                and not any(a.startswith("--type=") for a in p.cmdline())
+            ):
                 out.append(p)
         except psutil.Error:  # gone meanwhile
             continue
     return out
 
 
-def soak(workdir: Path, faults: int, every_s: float, seed: int | None = None, on_fault=_say,
-         only: str | None = None, rebalance: bool = False) -> Reconciliation:
+def soak(
+    workdir: Path,
+    faults: int,
+    every_s: float,
+    seed: int | None = None,
+    on_fault=_say,
+    only: str | None = None,
+    rebalance: bool = False,
+) -> Reconciliation:
     seed = random.SystemRandom().randrange(2**31) if seed is None else seed
     what = f"only {only}" if only else "drawn"
     what += ", writers joining and leaving between" if rebalance or only == "rebalance" else ""
-    on_fault(f"chaos soak: seed {seed} ({faults} faults, {what}; each at least {every_s:g} s and a finished "
-             f"episode after the one before; replay with --seed {seed})")
+    on_fault(
+        f"chaos soak: seed {seed} ({faults} faults, {what}; each at least {every_s:g} s and a finished "
+        f"episode after the one before; replay with --seed {seed})"
+    )
     s = Soak(workdir, seed)
     try:
         s.run(faults, every_s, on_fault, only, rebalance)
@@ -428,27 +505,35 @@ def soak(workdir: Path, faults: int, every_s: float, seed: int | None = None, on
         s.down()
 
 
-MATRIX_HEAD = ("| fault (under load) | events in the ledger | twice | unconfirmed in outboxes | trajectories with a "
-               "missing step | groups: trained / dropped / open | trained with a missing step / open past timeout | "
-               "versions (without checkpoint) | restarted |\n|---|---|---|---|---|---|---|---|---|")
+MATRIX_HEAD = (
+    "| fault (under load) | events in the ledger | twice | unconfirmed in outboxes | trajectories with a "
+    "missing step | groups: trained / dropped / open | trained with a missing step / open past timeout | "
+    "versions (without checkpoint) | restarted |\n|---|---|---|---|---|---|---|---|---|"
+)
 
 
 def matrix_row(fault: str, r: Reconciliation) -> str:
     restarted = ", ".join(f"{k} {v}" for k, v in sorted(r.restarts.items()) if v) or "-"
-    return (f"| {fault} | {r.events} | {r.duplicated} | {r.left_in_outboxes} | {r.missing_steps} | "
-            f"{r.trained} / {r.dropped} / {r.open_groups} | {r.trained_with_missing_step} / {r.open_past_timeout} | "
-            f"{r.versions} ({r.versions_without_checkpoint}) | "
-            f"{restarted} |")
+    return (
+        f"| {fault} | {r.events} | {r.duplicated} | {r.left_in_outboxes} | {r.missing_steps} | "
+        f"{r.trained} / {r.dropped} / {r.open_groups} | {r.trained_with_missing_step} / {r.open_past_timeout} | "
+        f"{r.versions} ({r.versions_without_checkpoint}) | "
+        f"{restarted} |"
+    )
 
 
-def main(faults: int = typer.Option(30, help="Faults drawn (at least `--every` s and a finished episode apart)."),
-         every: float = typer.Option(60.0, help="Least seconds between faults."),
-         seed: int = typer.Option(None, help="Replay a soak (printed first by every run)."),
-         matrix: bool = typer.Option(False, help="The loaded fault matrix instead: each fault alone, once, "
-                                                 "`--every` s into a run of the whole system."),
-         only: str = typer.Option(None, help=f"One row of the matrix: {', '.join(ROWS)}."),
-         rebalance: bool = typer.Option(False, help="Also the writers joining, leaving and stalling (`REBALANCE`)."),
-         workdir: Path = typer.Option(Path(".awrl/chaos"))) -> None:
+def main(
+    faults: int = typer.Option(30, help="Faults drawn (at least `--every` s and a finished episode apart)."),
+    every: float = typer.Option(60.0, help="Least seconds between faults."),
+    seed: int = typer.Option(None, help="Replay a soak (printed first by every run)."),
+    matrix: bool = typer.Option(
+        False,
+        help="The loaded fault matrix instead: each fault alone, once, `--every` s into a run of the whole system.",
+    ),
+    only: str = typer.Option(None, help=f"One row of the matrix: {', '.join(ROWS)}."),
+    rebalance: bool = typer.Option(False, help="Also the writers joining, leaving and stalling (`REBALANCE`)."),
+    workdir: Path = typer.Option(Path(".awrl/chaos")),
+) -> None:
     workdir = workdir.resolve() / time.strftime("%Y%m%dT%H%M%S")
     workdir.mkdir(parents=True)
     if only and only not in ROWS:

@@ -26,8 +26,17 @@ from pipeline.ledger import read_events, stored_event_ids
 from pipeline.settings import StackSettings
 from trainer.staleness import admissible
 
-EVENT_TYPES = ("StepRecorded", "EpisodeFinished", "GroupCompleted", "GroupDropped", "UpdateApplied",
-               "PolicyVersionPublished", "EpisodeStarted", "TaskGroupDispatched", "PolicyVersionLoaded")
+EVENT_TYPES = (
+    "StepRecorded",
+    "EpisodeFinished",
+    "GroupCompleted",
+    "GroupDropped",
+    "UpdateApplied",
+    "PolicyVersionPublished",
+    "EpisodeStarted",
+    "TaskGroupDispatched",
+    "PolicyVersionLoaded",
+)
 
 
 @dataclass
@@ -76,9 +85,18 @@ class Reconciliation:
 
     @property
     def ok(self) -> bool:
-        return not (self.stalled or self.duplicated or self.left_in_outboxes or self.missing_steps or self.trained_twice
-                    or self.trained_with_missing_step or self.dropped_without_reason or self.open_past_timeout
-                    or self.versions_without_checkpoint or self.versions_twice)
+        return not (
+            self.stalled
+            or self.duplicated
+            or self.left_in_outboxes
+            or self.missing_steps
+            or self.trained_twice
+            or self.trained_with_missing_step
+            or self.dropped_without_reason
+            or self.open_past_timeout
+            or self.versions_without_checkpoint
+            or self.versions_twice
+        )
 
     def lines(self) -> list[str]:
         drawn = Counter(f for _, f in self.faults)
@@ -144,8 +162,9 @@ def reconcile(r: Reconciliation, settings: StackSettings, run_id: str, left: set
     r.open_groups = len(still_open)
     versions = {v["version"] for v in tables["PolicyVersionPublished"] if v["version"] > 0}
     last = max(versions, default=0)
-    r.open_past_timeout = sum(1 for g in still_open
-                              if not admissible(_behaviour_versions(completed[g], steps), last, eta))
+    r.open_past_timeout = sum(
+        1 for g in still_open if not admissible(_behaviour_versions(completed[g], steps), last, eta)
+    )
     store = CheckpointStore.from_settings(settings)
     r.versions = len(versions)
     numbers = Counter(n for n, _ in {(v["version"], v["event_id"]) for v in tables["PolicyVersionPublished"]})
@@ -162,9 +181,11 @@ def _trained_short(updates: list[dict], completed: dict[str, dict], steps: dict[
     short = set()
     for u in updates:
         groups = [completed[g] for g in u["group_ids"] if g in completed]
-        short |= {g["group_id"] for g in groups
-                  if any(not set(range(n)) <= steps.get(t, {}).keys()
-                         for t, n in zip(g["trajectory_ids"], g["num_steps"]))}
+        short |= {
+            g["group_id"]
+            for g in groups
+            if any(not set(range(n)) <= steps.get(t, {}).keys() for t, n in zip(g["trajectory_ids"], g["num_steps"]))
+        }
         tokens = sum(len(s["response_token_ids"]) for t in u["trajectory_ids"] for s in steps.get(t, {}).values())
         if dict(u["stats"]).get("tokens", tokens) < tokens:
             short |= set(u["group_ids"])
@@ -174,5 +195,9 @@ def _trained_short(updates: list[dict], completed: dict[str, dict], steps: dict[
 def _behaviour_versions(group: dict, steps: dict[str, dict[int, dict]]) -> list[int]:
     """Every token's version in the group's steps (a token-less step's own), as the trainer's filter reads
     them; the announcement's oldest version for a group none of whose steps is in the ledger."""
-    return [v for t in group["trajectory_ids"] for s in steps.get(t, {}).values()
-            for v in (s["token_policy_versions"] or [s["policy_version"]])] or [group["min_policy_version"]]
+    return [
+        v
+        for t in group["trajectory_ids"]
+        for s in steps.get(t, {}).values()
+        for v in (s["token_policy_versions"] or [s["policy_version"]])
+    ] or [group["min_policy_version"]]

@@ -18,8 +18,11 @@ from pathlib import Path
 import typer
 
 AWRL = str(Path(sys.executable).with_name("awrl"))
-VERBS = {"awrl --help": [AWRL, "--help"], "awrl sql --help": [AWRL, "sql", "--help"],
-         "awrl run --help": [AWRL, "run", "--help"]}
+VERBS = {
+    "awrl --help": [AWRL, "--help"],
+    "awrl sql --help": [AWRL, "sql", "--help"],
+    "awrl run --help": [AWRL, "run", "--help"],
+}
 
 
 def _wall(argv: list[str]) -> float:

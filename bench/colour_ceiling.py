@@ -36,23 +36,43 @@ def main(demos: str = "300,1200", epochs: int = 4) -> None:
         for shown, n in arms:
             run_id = f"ceiling-{shown}-{n}"
             t0 = time.monotonic()
-            config = replace(controlled(run_id, d, target="colour"), demo_templates=(shown,), demo_episodes=n,
-                             sft_epochs=epochs)
+            config = replace(
+                controlled(run_id, d, target="colour"), demo_templates=(shown,), demo_episodes=n, sft_epochs=epochs
+            )
             model_dir, sft_s = warm_start(settings, config, run_id, LearningCurve(run_id), console.print)
             # the controlled configuration's own evaluation (its split, episodes, temperature, target)
-            result = evaluate(settings, model_dir=model_dir, suite=config.suite, split=config.eval_split,
-                              difficulty=config.difficulty, episodes=config.eval_episodes, workers=config.workers,
-                              temperature=config.temperature, run_id=f"{run_id}-eval", templates=config.templates)
-            rows.append({"demonstrations": shown, "episodes": n, "epochs": epochs, "sft_s": sft_s,
-                         "success": result.successes / result.episodes, "ci95": result.ci95,
-                         "minutes": (time.monotonic() - t0) / 60})
+            result = evaluate(
+                settings,
+                model_dir=model_dir,
+                suite=config.suite,
+                split=config.eval_split,
+                difficulty=config.difficulty,
+                episodes=config.eval_episodes,
+                workers=config.workers,
+                temperature=config.temperature,
+                run_id=f"{run_id}-eval",
+                templates=config.templates,
+            )
+            rows.append(
+                {
+                    "demonstrations": shown,
+                    "episodes": n,
+                    "epochs": epochs,
+                    "sft_s": sft_s,
+                    "success": result.successes / result.episodes,
+                    "ci95": result.ci95,
+                    "minutes": (time.monotonic() - t0) / 60,
+                }
+            )
             console.print(rows[-1])
     OUT.mkdir(exist_ok=True)
     (OUT / "colour_ceiling.json").write_text(json.dumps(rows, indent=2))
     for r in rows:
-        console.print(f"SFT on {r['episodes']} demonstrations of {r['demonstrations']!r}, {epochs} epochs: held-out "
-                      f"colour success {r['success']:.2f} (95% CI {r['ci95'][0]:.2f}-{r['ci95'][1]:.2f}), "
-                      f"{r['minutes']:.1f} min")
+        console.print(
+            f"SFT on {r['episodes']} demonstrations of {r['demonstrations']!r}, {epochs} epochs: held-out "
+            f"colour success {r['success']:.2f} (95% CI {r['ci95'][0]:.2f}-{r['ci95'][1]:.2f}), "
+            f"{r['minutes']:.1f} min"
+        )
 
 
 if __name__ == "__main__":

@@ -63,8 +63,13 @@ def _ledger(root: str, files: int) -> int:
 
 
 def _python(code: str, root: str, src: Path) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", code, root], stdout=subprocess.PIPE, text=True, cwd=src,
-                            env={**os.environ, "PYTHONPATH": str(src)})
+    return subprocess.Popen(
+        [sys.executable, "-c", code, root],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=src,
+        env={**os.environ, "PYTHONPATH": str(src)},
+    )
 
 
 def _last_json(proc: subprocess.Popen):
@@ -87,8 +92,13 @@ def main(trials: int = 6, files: int = 120, before: str = "e5be601^") -> None:
                         results = [_last_json(p) for p in [_python(PASS, root, src) for _ in range(2)]]
                         read, distinct = _last_json(_python(READ, root, src))
                         wrong[arm] += read != rows
-                        how = ("one gave way" if any(r["yielded"] for r in results) else
-                               "both committed" if all(r["rows"] for r in results) else "one pass merged")
+                        how = (
+                            "one gave way"
+                            if any(r["yielded"] for r in results)
+                            else "both committed"
+                            if all(r["rows"] for r in results)
+                            else "one pass merged"
+                        )
                         table.add_row(arm, str(trial), f"{rows:,}", f"{read:,}", f"{distinct:,}", how)
         finally:
             subprocess.run(["git", "worktree", "remove", "--force", tree], cwd=here, capture_output=True)

@@ -41,10 +41,21 @@ console = Console()
 OUT = Path(__file__).parent / "out"
 
 
-def main(targets: str = "red,blue,green,black,colour", seeds: int = 3, first_seed: int = 0, controls: bool = False,
-         warm_start: Path | None = None, rl_updates: int = 80, rl_minutes: float = 20.0, kl_coef: float | None = None,
-         train: list[str] = typer.Option([], help="KEY=VALUE: a TrainConfig field of the RL stage"),
-         anchor_coef: float = 0.0, warm_start_run: str = "warm", probe: bool = False, tag: str = "") -> None:
+def main(
+    targets: str = "red,blue,green,black,colour",
+    seeds: int = 3,
+    first_seed: int = 0,
+    controls: bool = False,
+    warm_start: Path | None = None,
+    rl_updates: int = 80,
+    rl_minutes: float = 20.0,
+    kl_coef: float | None = None,
+    train: list[str] = typer.Option([], help="KEY=VALUE: a TrainConfig field of the RL stage"),
+    anchor_coef: float = 0.0,
+    warm_start_run: str = "warm",
+    probe: bool = False,
+    tag: str = "",
+) -> None:
     from analysis import connect
     from analysis.curves import compare_versions_png, success_by_version
     from analysis.probe import colour_probe
@@ -72,9 +83,18 @@ def main(targets: str = "red,blue,green,black,colour", seeds: int = 3, first_see
                     ScreenshotStore.from_settings(own).ensure_bucket()
                     if anchor_coef:
                         _copy_demonstration_screenshots(settings, own, f"{warm_start_run}-demos")
-                    config = controlled(run_id, d, control=control, warm_start=warm_start, target=target,
-                                        rl_updates=rl_updates, rl_minutes=rl_minutes, seed=seed,
-                                        anchor_coef=anchor_coef, warm_start_run=warm_start_run)
+                    config = controlled(
+                        run_id,
+                        d,
+                        control=control,
+                        warm_start=warm_start,
+                        target=target,
+                        rl_updates=rl_updates,
+                        rl_minutes=rl_minutes,
+                        seed=seed,
+                        anchor_coef=anchor_coef,
+                        warm_start_run=warm_start_run,
+                    )
                     if kl_coef is not None:
                         overrides["kl_coef"] = kl_coef
                     config = replace(config, train=set_fields(config.train, overrides))
@@ -87,12 +107,24 @@ def main(targets: str = "red,blue,green,black,colour", seeds: int = 3, first_see
                     curves[run_id] = success_by_version(connect(settings), run_id)
                     remove_bucket(own)
                     sft, rl = run.point("sft"), run.point("rl")
-                    rows.append({"run": run_id, "target": target, "seed": seed, "control": control,
-                                 "sft": sft.rate, "rl": rl.rate, "change": rl.rate - sft.rate,
-                                 "versions": run.rl.version, "updates": run.rl.updates, "episodes": run.rl.episodes,
-                                 "points": [(p.stage, p.policy_version, p.rate) for p in run.points],
-                                 "probe": None if probed is None else vars(probed), "train": overrides,
-                                 "seconds": time.monotonic() - t0})
+                    rows.append(
+                        {
+                            "run": run_id,
+                            "target": target,
+                            "seed": seed,
+                            "control": control,
+                            "sft": sft.rate,
+                            "rl": rl.rate,
+                            "change": rl.rate - sft.rate,
+                            "versions": run.rl.version,
+                            "updates": run.rl.updates,
+                            "episodes": run.rl.episodes,
+                            "points": [(p.stage, p.policy_version, p.rate) for p in run.points],
+                            "probe": None if probed is None else vars(probed),
+                            "train": overrides,
+                            "seconds": time.monotonic() - t0,
+                        }
+                    )
                     console.print(rows[-1])
     OUT.mkdir(exist_ok=True)
     compare_versions_png(curves, OUT / f"controlled{tag}.png", title=f"boxes: RL by target and seed{tag}")
@@ -102,13 +134,23 @@ def main(targets: str = "red,blue,green,black,colour", seeds: int = 3, first_see
         table.add_column(c, justify="right")
     for r in rows:
         mid = ", ".join(f"{rate:.2f} (v{v})" for stage, v, rate in r["points"] if stage.startswith("rl-v"))
-        table.add_row(r["run"], f"{r['sft']:.2f}", mid, f"{r['rl']:.2f}", f"{r['change']:+.2f}", str(r["versions"]),
-                      str(r["episodes"]), f"{r['seconds'] / 60:.1f}")
+        table.add_row(
+            r["run"],
+            f"{r['sft']:.2f}",
+            mid,
+            f"{r['rl']:.2f}",
+            f"{r['change']:+.2f}",
+            str(r["versions"]),
+            str(r["episodes"]),
+            f"{r['seconds'] / 60:.1f}",
+        )
     console.print(table)
     real = [r for r in rows if r["control"] == "none"]
     collapsed = [r["run"] for r in real if r["rl"] < r["sft"]]
-    console.print(f"collapses: {len(collapsed)} of {len(real)} runs {collapsed}; smallest rise "
-                  f"{min(r['change'] for r in real):+.2f} (the goal: >= +0.40 on every run)")
+    console.print(
+        f"collapses: {len(collapsed)} of {len(real)} runs {collapsed}; smallest rise "
+        f"{min(r['change'] for r in real):+.2f} (the goal: >= +0.40 on every run)"
+    )
 
 
 def _copy_demonstration_screenshots(settings, own, run_id: str) -> None:

@@ -67,8 +67,9 @@ def tree_cpu_s(pid: int) -> float:
 
 def sensor_runs(base: str) -> tuple[int, int]:
     """(runs the sensor launched, of which succeeded)."""
-    req = urllib.request.Request(f"{base}/graphql", data=json.dumps({"query": RUNS}).encode(),
-                                 headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        f"{base}/graphql", data=json.dumps({"query": RUNS}).encode(), headers={"Content-Type": "application/json"}
+    )
     with urllib.request.urlopen(req, timeout=30) as resp:
         runs = json.load(resp)["data"]["runsOrError"]["results"]
     ours = [r for r in runs if any(t["key"] == "dagster/sensor_name" for t in r["tags"])]
@@ -81,9 +82,13 @@ def start_dagster(src: Path, home: Path, env: dict[str, str], log: Path) -> tupl
     port = free_port()
     proc = subprocess.Popen(
         [str(Path(sys.executable).with_name("dagster")), "dev", "-m", "assets", "-h", "127.0.0.1", "-p", str(port)],
-        cwd=src, env={**os.environ, **env, "DAGSTER_HOME": str(home), "PYTHONPATH": str(src)},
-        stdout=open(log, "wb"), stderr=subprocess.STDOUT, start_new_session=True,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+        cwd=src,
+        env={**os.environ, **env, "DAGSTER_HOME": str(home), "PYTHONPATH": str(src)},
+        stdout=open(log, "wb"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
@@ -114,13 +119,21 @@ def main(minutes: float = 5.0, before: str = "bcc2bbb") -> None:
         stack = LocalStack.up(tmp_path / "stack", durable=False)
         procs: list[subprocess.Popen] = []
         try:
-            settings = stack.settings().model_copy(update={"topic_prefix": f"b{uuid.uuid4().hex[:6]}",
-                                                           "ledger_uri": str(tmp_path / "ledger-before")})
+            settings = stack.settings().model_copy(
+                update={"topic_prefix": f"b{uuid.uuid4().hex[:6]}", "ledger_uri": str(tmp_path / "ledger-before")}
+            )
             create_topics(settings)
             copy = {**settings.environ(), "AWRL_LEDGER_URI": str(tmp_path / "ledger-now")}
-            procs.append(subprocess.Popen([sys.executable, "-c", WRITER], cwd=HERE, env={**os.environ, **copy},
-                                          stdout=open(tmp_path / "writer.log", "wb"), stderr=subprocess.STDOUT,
-                                          start_new_session=True))
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-c", WRITER],
+                    cwd=HERE,
+                    env={**os.environ, **copy},
+                    stdout=open(tmp_path / "writer.log", "wb"),
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            )
             arms = {}
             for arm, src, env in (("before", Path(tree), settings.environ()), ("now", HERE, copy)):
                 proc, base = start_dagster(src, tmp_path / f"home-{arm}", env, tmp_path / f"dagster-{arm}.log")
@@ -129,8 +142,12 @@ def main(minutes: float = 5.0, before: str = "bcc2bbb") -> None:
             console.print(f"both dagster dev up; a {minutes:g}-minute live run starts")
             cpu0 = {arm: tree_cpu_s(p.pid) for arm, (p, _) in arms.items()}
             t0 = time.monotonic()
-            config = RunConfig(minutes=minutes, rollout=replace(RunConfig().rollout, policy="demo", noise=0.5),
-                               train=TrainConfig(run_id="", groups_per_update=2), log_dir=tmp_path / "runs")
+            config = RunConfig(
+                minutes=minutes,
+                rollout=replace(RunConfig().rollout, policy="demo", noise=0.5),
+                train=TrainConfig(run_id="", groups_per_update=2),
+                log_dir=tmp_path / "runs",
+            )
             summary = run_training(settings, config)
             seconds = time.monotonic() - t0
             cpu = {arm: tree_cpu_s(p.pid) - cpu0[arm] for arm, (p, _) in arms.items()}
@@ -140,8 +157,10 @@ def main(minutes: float = 5.0, before: str = "bcc2bbb") -> None:
                 stop(p)
             stack.down()
             subprocess.run(["git", "worktree", "remove", "--force", tree], cwd=HERE, capture_output=True)
-    table = Table(title=f"dagster dev during a live run ({seconds / 60:.1f} min, {summary.episodes} episodes, "
-                        f"{summary.updates} updates)")
+    table = Table(
+        title=f"dagster dev during a live run ({seconds / 60:.1f} min, {summary.episodes} episodes, "
+        f"{summary.updates} updates)"
+    )
     for c in ("arm", "dagster CPU s", "CPU share of one core", "sensor runs launched", "succeeded"):
         table.add_column(c, justify="right")
     for arm in ("before", "now"):

@@ -84,10 +84,19 @@ def _scaffold_nll(model, tokenizer, processor, suppress, held) -> float:
     return total / n
 
 
-def main(model: Path = typer.Option(..., help="the warm start's model directory"),
-         arms: str = "sft:3e-4,rl:3e-4,rl:1e-3", steps: int = 120, batch: int = 8, group: int = 8,
-         every: int = 20, layouts: int = 16, adam_eps: float = 1e-8, anchor: float = 1.0, seed: int = 0,
-         tag: str = "") -> None:
+def main(
+    model: Path = typer.Option(..., help="the warm start's model directory"),
+    arms: str = "sft:3e-4,rl:3e-4,rl:1e-3",
+    steps: int = 120,
+    batch: int = 8,
+    group: int = 8,
+    every: int = 20,
+    layouts: int = 16,
+    adam_eps: float = 1e-8,
+    anchor: float = 1.0,
+    seed: int = 0,
+    tag: str = "",
+) -> None:
     from analysis.probe import colour_probe
     from model.hf_io import load_policy, save_policy
     from model.inputs import suppressed_token_ids
@@ -101,8 +110,10 @@ def main(model: Path = typer.Option(..., help="the warm start's model directory"
         net, tokenizer, processor = load_policy(model)
         suppress = suppressed_token_ids(tokenizer)
         suite = BoxesSuite()
-        held = [_example(tokenizer, processor, suite, s, rng.choice(COLOURS), "test")
-                for s in range(TEST_SEED, TEST_SEED + layouts)]
+        held = [
+            _example(tokenizer, processor, suite, s, rng.choice(COLOURS), "test")
+            for s in range(TEST_SEED, TEST_SEED + layouts)
+        ]
         opt = torch.optim.AdamW(net.parameters(), lr=float(lr), eps=adam_eps, weight_decay=0.0)
         t0 = time.monotonic()
         for step in range(steps + 1):
@@ -112,8 +123,17 @@ def main(model: Path = typer.Option(..., help="the warm start's model directory"
                 save_policy(net, tokenizer, tmp, image_processor=processor)
                 probe = colour_probe(tmp, layouts=layouts)
                 nll = _scaffold_nll(net, tokenizer, processor, suppress, held)
-                rows.append({"arm": arm, "step": step, "correct": probe.correct, "tv": probe.tv,
-                             "mass": probe.valid_mass, "scaffold_nll": nll, "seconds": time.monotonic() - t0})
+                rows.append(
+                    {
+                        "arm": arm,
+                        "step": step,
+                        "correct": probe.correct,
+                        "tv": probe.tv,
+                        "mass": probe.valid_mass,
+                        "scaffold_nll": nll,
+                        "seconds": time.monotonic() - t0,
+                    }
+                )
                 console.print(rows[-1])
                 net.train()
             if step == steps:
@@ -128,8 +148,15 @@ def main(model: Path = typer.Option(..., help="the warm start's model directory"
                 elif kind == "anchored":  # RL on the mark + SFT on the warm start's data, the mark left out
                     marks = torch.multinomial(logp.detach().exp(), group, replacement=True)  # [G]
                     advantage = (marks == ex[3]).float() - (marks == ex[3]).float().mean()  # [G]
-                    demo = _example(tokenizer, processor, suite, rng.randrange(500), rng.choice(COLOURS), "train",
-                                    clicked=rng.choice(COLOURS))
+                    demo = _example(
+                        tokenizer,
+                        processor,
+                        suite,
+                        rng.randrange(500),
+                        rng.choice(COLOURS),
+                        "train",
+                        clicked=rng.choice(COLOURS),
+                    )
                     nll = -_full_logprobs(net, tokenizer, processor, suppress, demo)  # [T]
                     scaffold = torch.ones_like(nll).index_fill_(0, torch.tensor([len(demo[1]) - 1]), 0.0)  # [T]
                     loss = (-(advantage * logp[marks]).sum() / group + anchor * (nll * scaffold).mean()) / batch
@@ -146,8 +173,10 @@ def main(model: Path = typer.Option(..., help="the warm start's model directory"
     OUT.mkdir(exist_ok=True)
     (OUT / f"decision_only{tag}.json").write_text(json.dumps(rows, indent=2))
     for r in rows:
-        console.print(f"{r['arm']:>10} step {r['step']:>4}: p(correct) {r['correct']:.3f}  TV {r['tv']:.3f}  "
-                      f"mass {r['mass']:.3f}  scaffold NLL {r['scaffold_nll']:.4f}")
+        console.print(
+            f"{r['arm']:>10} step {r['step']:>4}: p(correct) {r['correct']:.3f}  TV {r['tv']:.3f}  "
+            f"mass {r['mass']:.3f}  scaffold NLL {r['scaffold_nll']:.4f}"
+        )
 
 
 if __name__ == "__main__":

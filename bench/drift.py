@@ -89,11 +89,13 @@ def _write(root: Path, cls, table: pa.Table, name: str) -> int:
 
 def _common(n: int, cls, prefix: str, first: int = 0) -> dict:
     """Event ids `<prefix><first>...`: unique across files, as the views read each event id once."""
-    return {"event_id": pc.binary_join_element_wise(prefix, pa.array(np.arange(first, first + n)).cast(pa.string()),
-                                                    ""),
-            "run_id": _const(RUN, n), "schema_version": _const(1, n, pa.int64()),
-            "emitted_at": pa.array((first + np.arange(n, dtype=np.int64)) * 1_000).cast(pa.timestamp("us", tz="UTC")),
-            "event_type": _const(cls.__name__, n)}
+    return {
+        "event_id": pc.binary_join_element_wise(prefix, pa.array(np.arange(first, first + n)).cast(pa.string()), ""),
+        "run_id": _const(RUN, n),
+        "schema_version": _const(1, n, pa.int64()),
+        "emitted_at": pa.array((first + np.arange(n, dtype=np.int64)) * 1_000).cast(pa.timestamp("us", tz="UTC")),
+        "event_type": _const(cls.__name__, n),
+    }
 
 
 def _table(cls, columns: dict) -> pa.Table:
@@ -101,40 +103,57 @@ def _table(cls, columns: dict) -> pa.Table:
     return pa.Table.from_arrays([columns[f.name] for f in schema], schema=schema)
 
 
-def _steps(rng, tids: pa.Array, gids: pa.Array, traj: np.ndarray, step: np.ndarray, success: np.ndarray,
-           version: np.ndarray, a: int) -> pa.Table:
+def _steps(
+    rng,
+    tids: pa.Array,
+    gids: pa.Array,
+    traj: np.ndarray,
+    step: np.ndarray,
+    success: np.ndarray,
+    version: np.ndarray,
+    a: int,
+) -> pa.Table:
     """StepRecorded rows for global step indices [a, a + len(traj))."""
     n = len(traj)
     nkeys = np.where(success, 2, 2 + step)
     pos = np.arange(nkeys.sum()) - np.repeat(np.cumsum(nkeys) - nkeys, nkeys)  # 0.. within each step
-    memory = pa.MapArray.from_arrays(_offsets(nkeys), KEYS.take(pa.array(pos)),
-                                     _const("v", len(pos)))
+    memory = pa.MapArray.from_arrays(_offsets(nkeys), KEYS.take(pa.array(pos)), _const("v", len(pos)))
     rlen = rng.integers(120, 360, n)
     tokens = int(rlen.sum())
     rows = pa.array(traj)
     action_type = arrow_schema(StepRecorded).field("action").type
     timing_type = arrow_schema(StepRecorded).field("timings").type
     mark_type = arrow_schema(StepRecorded).field("marks").type
-    return _table(StepRecorded, {
-        **_common(n, StepRecorded, "s", a), "trajectory_id": pc.take(tids, rows),
-        "group_id": pc.take(gids, rows),
-        "task_id": _const("shop-price", n), "step": pa.array(step.astype(np.int64)),
-        "screenshot_sha256": _const(SHA, n), "url": _const("http://127.0.0.1/shop", n),
-        "action": pa.StructArray.from_arrays(
-            [_const("click", n), _const(640, n, pa.int64()), _const(360, n, pa.int64())]
-            + [pa.nulls(n, f.type) for f in list(action_type)[3:]], fields=list(action_type)),
-        "response_text": _const("thought", n), "memory": memory,
-        "prompt_token_ids": _lists(np.zeros(n, np.int64), pa.array([], pa.int64())),
-        "prompt_screenshot_sha256": _lists(np.ones(n, np.int64), _const(SHA, n)),
-        "response_token_ids": _lists(rlen, pa.array(rng.integers(0, 32_000, tokens))),
-        "behave_logprobs": _lists(rlen, pa.array(-3 * rng.random(tokens))),
-        "token_policy_versions": _lists(rlen, pa.array(np.repeat(version, rlen).astype(np.int64))),
-        "policy_version": pa.array(version.astype(np.int64)), "env_feedback": _const("ok", n),
-        "error_class": pa.nulls(n, pa.string()),
-        "timings": pa.StructArray.from_arrays([_const(0.1, n)] * 3, fields=list(timing_type)),
-        "marks": _lists(np.zeros(n, np.int64), pa.array([], mark_type.value_type)),
-        "marks_drawn": _const(False, n),
-    })
+    return _table(
+        StepRecorded,
+        {
+            **_common(n, StepRecorded, "s", a),
+            "trajectory_id": pc.take(tids, rows),
+            "group_id": pc.take(gids, rows),
+            "task_id": _const("shop-price", n),
+            "step": pa.array(step.astype(np.int64)),
+            "screenshot_sha256": _const(SHA, n),
+            "url": _const("http://127.0.0.1/shop", n),
+            "action": pa.StructArray.from_arrays(
+                [_const("click", n), _const(640, n, pa.int64()), _const(360, n, pa.int64())]
+                + [pa.nulls(n, f.type) for f in list(action_type)[3:]],
+                fields=list(action_type),
+            ),
+            "response_text": _const("thought", n),
+            "memory": memory,
+            "prompt_token_ids": _lists(np.zeros(n, np.int64), pa.array([], pa.int64())),
+            "prompt_screenshot_sha256": _lists(np.ones(n, np.int64), _const(SHA, n)),
+            "response_token_ids": _lists(rlen, pa.array(rng.integers(0, 32_000, tokens))),
+            "behave_logprobs": _lists(rlen, pa.array(-3 * rng.random(tokens))),
+            "token_policy_versions": _lists(rlen, pa.array(np.repeat(version, rlen).astype(np.int64))),
+            "policy_version": pa.array(version.astype(np.int64)),
+            "env_feedback": _const("ok", n),
+            "error_class": pa.nulls(n, pa.string()),
+            "timings": pa.StructArray.from_arrays([_const(0.1, n)] * 3, fields=list(timing_type)),
+            "marks": _lists(np.zeros(n, np.int64), pa.array([], mark_type.value_type)),
+            "marks_drawn": _const(False, n),
+        },
+    )
 
 
 def generate(root: Path, trajectories: int, summaries: bool = True, per_file: int = PER_FILE) -> dict:
@@ -155,17 +174,44 @@ def generate(root: Path, trajectories: int, summaries: bool = True, per_file: in
         table = _steps(rng, tids, gids, traj[s], step[s], success[traj[s]], tversion[traj[s]], a)
         table = with_summaries("StepRecorded", table) if summaries else table
         sizes["StepRecorded"] += _write(root, StepRecorded, table, f"{i:05d}")
-    sizes["EpisodeStarted"] = _write(root, EpisodeStarted, _table(EpisodeStarted, {
-        **_common(trajectories, EpisodeStarted, "es"), "trajectory_id": tids, "group_id": gids,
-        "task_id": _const("shop-price", trajectories), "worker_id": _const("w", trajectories),
-        "instruction": _const("Find the price of the product in the shop", trajectories),
-        "horizon": _const(15, trajectories, pa.int64()), "policy_version": pa.array(tversion)}), "0")
+    sizes["EpisodeStarted"] = _write(
+        root,
+        EpisodeStarted,
+        _table(
+            EpisodeStarted,
+            {
+                **_common(trajectories, EpisodeStarted, "es"),
+                "trajectory_id": tids,
+                "group_id": gids,
+                "task_id": _const("shop-price", trajectories),
+                "worker_id": _const("w", trajectories),
+                "instruction": _const("Find the price of the product in the shop", trajectories),
+                "horizon": _const(15, trajectories, pa.int64()),
+                "policy_version": pa.array(tversion),
+            },
+        ),
+        "0",
+    )
     outcome = pa.array(np.where(success, "success", "failure"))
-    sizes["EpisodeFinished"] = _write(root, EpisodeFinished, _table(EpisodeFinished, {
-        **_common(trajectories, EpisodeFinished, "ef"), "trajectory_id": tids, "group_id": gids,
-        "task_id": _const("shop-price", trajectories), "outcome": outcome,
-        "reward": pa.array(success.astype(np.float64)), "num_steps": pa.array(length.astype(np.int64)),
-        "reason": _const("judge", trajectories), "answer": pa.nulls(trajectories, pa.string())}), "0")
+    sizes["EpisodeFinished"] = _write(
+        root,
+        EpisodeFinished,
+        _table(
+            EpisodeFinished,
+            {
+                **_common(trajectories, EpisodeFinished, "ef"),
+                "trajectory_id": tids,
+                "group_id": gids,
+                "task_id": _const("shop-price", trajectories),
+                "outcome": outcome,
+                "reward": pa.array(success.astype(np.float64)),
+                "num_steps": pa.array(length.astype(np.int64)),
+                "reason": _const("judge", trajectories),
+                "answer": pa.nulls(trajectories, pa.string()),
+            },
+        ),
+        "0",
+    )
     sizes.update(_groups_and_updates(root, rng, tids, success, length, tversion))
     return {"bytes": sizes, "steps": len(traj)}
 
@@ -173,29 +219,69 @@ def generate(root: Path, trajectories: int, summaries: bool = True, per_file: in
 def _groups_and_updates(root: Path, rng, tids: pa.Array, success, length, tversion) -> dict:
     ids = tids.to_pylist()
     groups = [slice(g, g + GROUP) for g in range(0, len(ids), GROUP)]
-    gtable = pa.Table.from_pylist([{
-        "event_id": f"gc{i}", "run_id": RUN, "schema_version": 1, "emitted_at": 0, "event_type": "GroupCompleted",
-        "group_id": f"g{i}", "task_id": "shop-price", "trajectory_ids": ids[s],
-        "rewards": success[s].astype(float).tolist(), "num_steps": length[s].tolist(),
-        "outcomes": ["success" if ok else "failure" for ok in success[s]],
-        "min_policy_version": int(tversion[s].min()), "max_policy_version": int(tversion[s].max())}
-        for i, s in enumerate(groups)], schema=arrow_schema(GroupCompleted))
-    utable = pa.Table.from_pylist([{
-        "event_id": f"ua{u}", "run_id": RUN, "schema_version": 1, "emitted_at": 0, "event_type": "UpdateApplied",
-        "update_step": u, "version_before": int(tversion[a]) + 1 + u % 2, "version_after": int(tversion[a]) + 2 + u % 2,
-        "group_ids": [], "trajectory_ids": ids[a:a + PER_UPDATE], "loss": 0.1, "grad_norm": 1.0,
-        "stats": {"clip_frac": float(rng.random() * 0.1)}, "config_json": "{}", "weights_sha256": SHA,
-        "duration_s": 1.0, "wait_s": 0.0, "compute_s": 1.0, "world_size": 1}
-        for u, a in enumerate(range(0, len(ids), PER_UPDATE))], schema=arrow_schema(UpdateApplied))
-    return {"GroupCompleted": _write(root, GroupCompleted, gtable, "0"),
-            "UpdateApplied": _write(root, UpdateApplied, utable, "0")}
+    gtable = pa.Table.from_pylist(
+        [
+            {
+                "event_id": f"gc{i}",
+                "run_id": RUN,
+                "schema_version": 1,
+                "emitted_at": 0,
+                "event_type": "GroupCompleted",
+                "group_id": f"g{i}",
+                "task_id": "shop-price",
+                "trajectory_ids": ids[s],
+                "rewards": success[s].astype(float).tolist(),
+                "num_steps": length[s].tolist(),
+                "outcomes": ["success" if ok else "failure" for ok in success[s]],
+                "min_policy_version": int(tversion[s].min()),
+                "max_policy_version": int(tversion[s].max()),
+            }
+            for i, s in enumerate(groups)
+        ],
+        schema=arrow_schema(GroupCompleted),
+    )
+    utable = pa.Table.from_pylist(
+        [
+            {
+                "event_id": f"ua{u}",
+                "run_id": RUN,
+                "schema_version": 1,
+                "emitted_at": 0,
+                "event_type": "UpdateApplied",
+                "update_step": u,
+                "version_before": int(tversion[a]) + 1 + u % 2,
+                "version_after": int(tversion[a]) + 2 + u % 2,
+                "group_ids": [],
+                "trajectory_ids": ids[a : a + PER_UPDATE],
+                "loss": 0.1,
+                "grad_norm": 1.0,
+                "stats": {"clip_frac": float(rng.random() * 0.1)},
+                "config_json": "{}",
+                "weights_sha256": SHA,
+                "duration_s": 1.0,
+                "wait_s": 0.0,
+                "compute_s": 1.0,
+                "world_size": 1,
+            }
+            for u, a in enumerate(range(0, len(ids), PER_UPDATE))
+        ],
+        schema=arrow_schema(UpdateApplied),
+    )
+    return {
+        "GroupCompleted": _write(root, GroupCompleted, gtable, "0"),
+        "UpdateApplied": _write(root, UpdateApplied, utable, "0"),
+    }
 
 
 def realistic_bytes_per_step(steps: int = 2_000) -> float:
     """Parquet bytes per StepRecorded as the ledger writer stores `tests/samples.py` steps (1,200 prompt
     and 300 response tokens), since the large run above carries no prompt tokens."""
-    events = [e for g in range(steps // 10) for e in sample_group(RUN, f"g{g}", [SHA], group_size=4, steps=5, seed=g)
-              if isinstance(e, StepRecorded)]
+    events = [
+        e
+        for g in range(steps // 10)
+        for e in sample_group(RUN, f"g{g}", [SHA], group_size=4, steps=5, seed=g)
+        if isinstance(e, StepRecorded)
+    ]
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "steps.parquet"
         pq.write_table(events_to_table(events), path, compression="zstd", row_group_size=64_000)
@@ -209,13 +295,17 @@ def _timed(fn, repeat: int) -> dict:
         result = fn()
         walls.append(time.perf_counter() - t)
         cpus.append(_cpu() - c)
-    return {"wall_min_s": min(walls), "wall_median_s": statistics.median(walls),
-            "cpu_median_s": statistics.median(cpus),
-            "result": result}
+    return {
+        "wall_min_s": min(walls),
+        "wall_median_s": statistics.median(walls),
+        "cpu_median_s": statistics.median(cpus),
+        "result": result,
+    }
 
 
-def main(trajectories: int = 100_000, keep: Path = typer.Option(None, help="Reuse / keep the ledger here."),
-         repeat: int = 3) -> None:
+def main(
+    trajectories: int = 100_000, keep: Path = typer.Option(None, help="Reuse / keep the ledger here."), repeat: int = 3
+) -> None:
     root = keep or Path(tempfile.mkdtemp(prefix="drift-bench-"))
     try:
         gen = None
@@ -234,14 +324,21 @@ def main(trajectories: int = 100_000, keep: Path = typer.Option(None, help="Reus
         full = _timed(lambda: drift_metrics(con, RUN).to_dict(), repeat)
         memory = _timed(lambda: drift_metrics(con, RUN, DriftConfig(token_metrics=False)).to_dict(), repeat)
         con.close()
-        out = {"steps": steps, "trajectories": trajectories, "files": len(files), "parquet_bytes": sizes,
-               "step_bytes_per_step": sizes["StepRecorded"] / steps,
-               "realistic_step_bytes_per_step": realistic_bytes_per_step(), "generate": gen,
-               "load_average_1m": [load_before, os.getloadavg()[0]], "cpus": os.cpu_count(),
-               "connect": {k: v for k, v in con_t.items() if k != "result"},
-               "drift_full": {k: v for k, v in full.items() if k != "result"},
-               "drift_no_tokens": {k: v for k, v in memory.items() if k != "result"},
-               "metrics": {k: v for k, v in full["result"].items() if k not in ("keys_by_step", "clip_rate_by_update")}}
+        out = {
+            "steps": steps,
+            "trajectories": trajectories,
+            "files": len(files),
+            "parquet_bytes": sizes,
+            "step_bytes_per_step": sizes["StepRecorded"] / steps,
+            "realistic_step_bytes_per_step": realistic_bytes_per_step(),
+            "generate": gen,
+            "load_average_1m": [load_before, os.getloadavg()[0]],
+            "cpus": os.cpu_count(),
+            "connect": {k: v for k, v in con_t.items() if k != "result"},
+            "drift_full": {k: v for k, v in full.items() if k != "result"},
+            "drift_no_tokens": {k: v for k, v in memory.items() if k != "result"},
+            "metrics": {k: v for k, v in full["result"].items() if k not in ("keys_by_step", "clip_rate_by_update")},
+        }
         _print(out)
         Path("bench/out").mkdir(parents=True, exist_ok=True)
         Path("bench/out/drift.json").write_text(json.dumps(out, indent=2, default=str) + "\n")
@@ -251,18 +348,29 @@ def main(trajectories: int = 100_000, keep: Path = typer.Option(None, help="Reus
 
 
 def _print(out: dict) -> None:
-    table = Table("measure", "value", title=f"drift metrics over {out['steps']:,} steps ({out['cpus']} CPUs, "
-                                            f"load {out['load_average_1m'][0]:.1f})")
+    table = Table(
+        "measure",
+        "value",
+        title=f"drift metrics over {out['steps']:,} steps ({out['cpus']} CPUs, load {out['load_average_1m'][0]:.1f})",
+    )
     for name in ("connect", "drift_full", "drift_no_tokens"):
         m = out[name]
         table.add_row(f"{name} wall min / median", f"{m['wall_min_s']:.2f} s / {m['wall_median_s']:.2f} s")
         table.add_row(f"{name} CPU (all threads)", f"{m['cpu_median_s']:.2f} s")
     table.add_row("StepRecorded Parquet bytes/step (no prompt tokens)", f"{out['step_bytes_per_step']:,.0f}")
-    table.add_row("bytes/step, realistic (1200 prompt + 300 response tokens)",
-                  f"{out['realistic_step_bytes_per_step']:,.0f}")
+    table.add_row(
+        "bytes/step, realistic (1200 prompt + 300 response tokens)", f"{out['realistic_step_bytes_per_step']:,.0f}"
+    )
     table.add_row("ledger total", f"{sum(out['parquet_bytes'].values()) / 2**20:,.0f} MiB in {out['files']} files")
-    for key in ("generic_key_ratio", "first_last_stable_ratio", "adjacent_unchanged_ratio", "mean_response_tokens",
-                "length_downweight", "offpolicy_gap_mean", "offpolicy_gap_max"):
+    for key in (
+        "generic_key_ratio",
+        "first_last_stable_ratio",
+        "adjacent_unchanged_ratio",
+        "mean_response_tokens",
+        "length_downweight",
+        "offpolicy_gap_mean",
+        "offpolicy_gap_max",
+    ):
         table.add_row(key, f"{out['metrics'][key]:.4g}")
     console.print(table)
 

@@ -50,10 +50,17 @@ def measure(arch: str, world: int) -> dict:
             p.grad = torch.zeros_like(p)
         optimizer.optimizer.step()  # AdamW creates exp_avg and exp_avg_sq for every shard
         # every unit below the root is a leaf block (vision, decoder, embedding, head)
-        largest = max(sum(p.numel() for p in m.parameters()) for m in model.modules()
-                      if isinstance(m, FSDPModule) and m is not model)
-        return {"world": world, "params": total, **vars(state_bytes(model, optimizer.optimizer)),
-                "largest_unit_params": largest}
+        largest = max(
+            sum(p.numel() for p in m.parameters())
+            for m in model.modules()
+            if isinstance(m, FSDPModule) and m is not model
+        )
+        return {
+            "world": world,
+            "params": total,
+            **vars(state_bytes(model, optimizer.optimizer)),
+            "largest_unit_params": largest,
+        }
     finally:
         dist.destroy_process_group()
 
@@ -64,14 +71,27 @@ def main(arch: str = "qwen3-vl-8b", worlds: str = "8,16,64") -> None:
         with console.status(f"{arch} sharded over {world} ranks (meta device, fake process group) ..."):
             rows.append(measure(arch, world))
     gb = 1e9
-    head = ["ranks", "params / rank GB", "grads / rank GB", "AdamW / rank GB", "state / rank GB",
-            "largest unit, bf16 gathered GB"]
+    head = [
+        "ranks",
+        "params / rank GB",
+        "grads / rank GB",
+        "AdamW / rank GB",
+        "state / rank GB",
+        "largest unit, bf16 gathered GB",
+    ]
     table = []
     for r in rows:
         state = r["params_bytes"] + r["grads_bytes"] + r["optimizer_bytes"]
-        table.append([str(r["world"]), f"{r['params_bytes'] / gb:.3f}", f"{r['grads_bytes'] / gb:.3f}",
-                      f"{r['optimizer_bytes'] / gb:.3f}", f"{state / gb:.3f}",
-                      f"{r['largest_unit_params'] * 2 / gb:.3f}"])
+        table.append(
+            [
+                str(r["world"]),
+                f"{r['params_bytes'] / gb:.3f}",
+                f"{r['grads_bytes'] / gb:.3f}",
+                f"{r['optimizer_bytes'] / gb:.3f}",
+                f"{state / gb:.3f}",
+                f"{r['largest_unit_params'] * 2 / gb:.3f}",
+            ]
+        )
     show(f"{arch}: {rows[0]['params']:,} parameters, fp32 master weights, rank 0 (the largest slices)", head, table)
     write_json("fsdp_memory", {"arch": arch, "rows": rows})
 

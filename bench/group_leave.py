@@ -31,7 +31,7 @@ from kafka.admin import NewTopic
 
 from pipeline.stack.tansu import start_tansu
 
-MEMBER = r'''
+MEMBER = r"""
 import json, signal, sys, time
 from kafka import KafkaConsumer
 boot, name, out = sys.argv[1:4]
@@ -41,7 +41,7 @@ signal.signal(signal.SIGTERM, lambda *_: (c.close(), sys.exit(0)))
 while True:
     c.poll(timeout_ms=1000)
     open(out, "w").write(json.dumps(sorted(p.partition for p in c.assignment())))
-'''
+"""
 
 
 def _member(boot: str, name: str, d: Path) -> tuple[subprocess.Popen, Path]:

@@ -74,21 +74,41 @@ class SkillPolicy:
         target = COLOURS.index(obs.task.judge["target"])
         mark = target if self.rng.random() < skill(obs.task.task_id) else (target + 1) % len(COLOURS)
         text = json.dumps({"thought": "skill", "memory": {}, "action": {"kind": "click", "mark": mark}})
-        return PolicyOutput(response_text=text, prompt_token_ids=[], response_token_ids=[], logprobs=[],
-                            token_policy_versions=[])
+        return PolicyOutput(
+            response_text=text, prompt_token_ids=[], response_token_ids=[], logprobs=[], token_policy_versions=[]
+        )
 
     async def refresh(self, version: int, checkpoint_uri: str, checkpoint_sha256: str | None = None) -> None:
         self.version = version
 
 
-def main(episodes: int = 960, group_size: int = 4, workers: int = 4, seeds: int = 8, skip: int = 2,
-         skip_passes: int = 4, seed: int = 0) -> None:
-    base = RolloutRequest(suite="boxes", policy="oracle", workers=workers, group_size=group_size, episodes=episodes,
-                          templates=TEMPLATES, seed=seed, episode=EpisodeConfig(som=True), journal_dir=None,
-                          curriculum=CurriculumConfig())
-    arms = {"family curriculum": base,
-            f"+ instance skip (N={skip})": replace(base, curriculum=CurriculumConfig(
-                skip_uninformative=skip, skip_passes=skip_passes))}
+def main(
+    episodes: int = 960,
+    group_size: int = 4,
+    workers: int = 4,
+    seeds: int = 8,
+    skip: int = 2,
+    skip_passes: int = 4,
+    seed: int = 0,
+) -> None:
+    base = RolloutRequest(
+        suite="boxes",
+        policy="oracle",
+        workers=workers,
+        group_size=group_size,
+        episodes=episodes,
+        templates=TEMPLATES,
+        seed=seed,
+        episode=EpisodeConfig(som=True),
+        journal_dir=None,
+        curriculum=CurriculumConfig(),
+    )
+    arms = {
+        "family curriculum": base,
+        f"+ instance skip (N={skip})": replace(
+            base, curriculum=CurriculumConfig(skip_uninformative=skip, skip_passes=skip_passes)
+        ),
+    }
     rows = []
     with tempfile.TemporaryDirectory() as d:
         stack = LocalStack.up(Path(d), durable=False)
@@ -96,30 +116,43 @@ def main(episodes: int = 960, group_size: int = 4, workers: int = 4, seeds: int 
             settings = stack.settings()
             for name, req in arms.items():
                 run_id = f"informative-{len(rows)}-{int(time.time())}"
-                with patch("rollout.run.make_suite", lambda _name: FewSeeds(seeds)), \
-                        patch("rollout.run.make_policy", lambda *a, **k: SkillPolicy(seed)):
+                with (
+                    patch("rollout.run.make_suite", lambda _name: FewSeeds(seeds)),
+                    patch("rollout.run.make_policy", lambda *a, **k: SkillPolicy(seed)),
+                ):
                     stats = run_rollout(settings, replace(req, run_id=run_id), show_progress=False)
                 rows.append((name, run_id, stats))
-                console.print(f"{name}: {stats.episodes} episodes, "
-                              f"success {stats.successes / max(stats.episodes, 1):.2f}")
+                console.print(
+                    f"{name}: {stats.episodes} episodes, success {stats.successes / max(stats.episodes, 1):.2f}"
+                )
             LedgerWriter(settings).sync(idle_exit_s=3.0)
             con = connect(settings)
             results = [(name, stats, informative_groups(con, run_id)) for name, run_id, stats in rows]
             con.close()
         finally:
             stack.down()
-    table = Table(title=f"boxes, {len(TEMPLATES)} templates x {seeds} seeds, G={group_size}, {workers} workers, "
-                        f"{episodes} episodes an arm")
+    table = Table(
+        title=f"boxes, {len(TEMPLATES)} templates x {seeds} seeds, G={group_size}, {workers} workers, "
+        f"{episodes} episodes an arm"
+    )
     for col in ("dispatch", "groups", "informative", "share", "minutes", "informative/min", "success"):
         table.add_column(col, justify="right")
     for name, stats, r in results:
-        table.add_row(name, str(r.groups), str(r.informative), f"{r.share:.2f}", f"{r.minutes:.2f}",
-                      f"{r.per_minute:.1f}", f"{stats.successes / max(stats.episodes, 1):.2f}")
+        table.add_row(
+            name,
+            str(r.groups),
+            str(r.informative),
+            f"{r.share:.2f}",
+            f"{r.minutes:.2f}",
+            f"{r.per_minute:.1f}",
+            f"{stats.successes / max(stats.episodes, 1):.2f}",
+        )
     console.print(table)
     out = Path(__file__).parent / "out"
     out.mkdir(exist_ok=True)
-    (out / "informative.json").write_text(json.dumps(
-        [{"arm": name, **vars(r), "episodes": stats.episodes} for name, stats, r in results], indent=2))
+    (out / "informative.json").write_text(
+        json.dumps([{"arm": name, **vars(r), "episodes": stats.episodes} for name, stats, r in results], indent=2)
+    )
 
 
 if __name__ == "__main__":

@@ -49,9 +49,20 @@ def main(episodes: int = 12, reps: int = 3) -> None:
             settings = stack.settings()
             run_id = f"pixels-{uuid.uuid4().hex[:6]}"
             with console.status(f"recording {episodes} episodes ..."):
-                run_rollout(settings, RolloutRequest(suite="sites", policy="demo", workers=2, group_size=1,
-                                                     episodes=episodes, difficulty="easy", run_id=run_id,
-                                                     episode=EpisodeConfig(som=True)), False)
+                run_rollout(
+                    settings,
+                    RolloutRequest(
+                        suite="sites",
+                        policy="demo",
+                        workers=2,
+                        group_size=1,
+                        episodes=episodes,
+                        difficulty="easy",
+                        run_id=run_id,
+                        episode=EpisodeConfig(som=True),
+                    ),
+                    False,
+                )
             steps = [e for e in read_log(settings, ROLLOUT) if isinstance(e, StepRecorded) and e.run_id == run_id]
             store = ScreenshotStore.from_settings(settings)
             pixels = store.get_many({h for s in steps for h in s.prompt_screenshot_sha256})
@@ -80,9 +91,15 @@ def _round_trip(settings, store, name: str, values: list[bytes], topic: str) -> 
     from pipeline.hashing import sha256_hex
     from schemas import decode_event
 
-    producer = KafkaProducer(bootstrap_servers=settings.kafka_bootstrap, acks="all", enable_idempotence=True,
-                             linger_ms=5, batch_size=256 * 1024, max_request_size=16 * 1024 * 1024,
-                             compression_type=settings.kafka_compression)
+    producer = KafkaProducer(
+        bootstrap_servers=settings.kafka_bootstrap,
+        acks="all",
+        enable_idempotence=True,
+        linger_ms=5,
+        batch_size=256 * 1024,
+        max_request_size=16 * 1024 * 1024,
+        compression_type=settings.kafka_compression,
+    )
     t0 = time.perf_counter()
     futures = [producer.send(topic, value=v, key=str(i).encode()) for i, v in enumerate(values)]
     producer.flush()
@@ -91,8 +108,12 @@ def _round_trip(settings, store, name: str, values: list[bytes], topic: str) -> 
     produce_s = time.perf_counter() - t0
     producer.close()
 
-    consumer = KafkaConsumer(bootstrap_servers=settings.kafka_bootstrap, enable_auto_commit=False,
-                             max_partition_fetch_bytes=16 * 1024 * 1024, fetch_max_bytes=64 * 1024 * 1024)
+    consumer = KafkaConsumer(
+        bootstrap_servers=settings.kafka_bootstrap,
+        enable_auto_commit=False,
+        max_partition_fetch_bytes=16 * 1024 * 1024,
+        fetch_max_bytes=64 * 1024 * 1024,
+    )
     t0 = time.perf_counter()
     partitions = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())]
     consumer.assign(partitions)
@@ -125,9 +146,13 @@ def _report(results: dict[str, list[dict]], steps: int, episodes: int, reps: int
         table.add_column(c, justify="right")
     ref = med["reference"]
     for name, m in med.items():
-        table.add_row(name, f"{m['bytes'] / steps:,.0f}", f"{1000 * m['produce_s'] / steps:.2f}",
-                      f"{1000 * m['assemble_s'] / steps:.2f}",
-                      f"{m['bytes'] / ref['bytes']:.1f}x / {m['assemble_s'] / ref['assemble_s']:.2f}x")
+        table.add_row(
+            name,
+            f"{m['bytes'] / steps:,.0f}",
+            f"{1000 * m['produce_s'] / steps:.2f}",
+            f"{1000 * m['assemble_s'] / steps:.2f}",
+            f"{m['bytes'] / ref['bytes']:.1f}x / {m['assemble_s'] / ref['assemble_s']:.2f}x",
+        )
     console.print(table)
     OUT.mkdir(exist_ok=True)
     (OUT / "inline_pixels.json").write_text(json.dumps({"steps": steps, "median": med, "runs": results}, indent=2))

@@ -27,8 +27,15 @@ console = Console()
 OUT = Path(__file__).parent / "out"
 
 
-def main(suite: str = "miniwob", demo_episodes: int = 200, sft_epochs: int = 5, rl_minutes: float = 10.0,
-         eval_episodes: int = 100, temperature: float = 0.5, workers: int = 2) -> None:
+def main(
+    suite: str = "miniwob",
+    demo_episodes: int = 200,
+    sft_epochs: int = 5,
+    rl_minutes: float = 10.0,
+    eval_episodes: int = 100,
+    temperature: float = 0.5,
+    workers: int = 2,
+) -> None:
     from app.learning import LearningConfig, run_learning
     from pipeline.stack.local import LocalStack
 
@@ -36,9 +43,16 @@ def main(suite: str = "miniwob", demo_episodes: int = 200, sft_epochs: int = 5, 
         stack = LocalStack.up(Path(d) / "stack", durable=False)
         try:
             settings = stack.settings().model_copy(update={"ledger_uri": str(Path(d) / "ledger")})
-            config = LearningConfig(suite=suite, demo_episodes=demo_episodes, sft_epochs=sft_epochs,
-                                    rl_minutes=rl_minutes, eval_episodes=eval_episodes, temperature=temperature,
-                                    workers=workers, out_dir=Path(d) / "learning")
+            config = LearningConfig(
+                suite=suite,
+                demo_episodes=demo_episodes,
+                sft_epochs=sft_epochs,
+                rl_minutes=rl_minutes,
+                eval_episodes=eval_episodes,
+                temperature=temperature,
+                workers=workers,
+                out_dir=Path(d) / "learning",
+            )
             curve = run_learning(settings, config, say=console.print)
             OUT.mkdir(exist_ok=True)
             shutil.copy(config.out_dir / curve.run_id / "curve.png", OUT / "learning-curve.png")
@@ -50,13 +64,21 @@ def main(suite: str = "miniwob", demo_episodes: int = 200, sft_epochs: int = 5, 
     for c in ["stage", "success", "95% CI", "successes", "training wall s"]:
         table.add_column(c, justify="right")
     for p in curve.points:
-        table.add_row(p.stage, f"{p.rate:.2f}", f"{p.ci95[0]:.2f}-{p.ci95[1]:.2f}", f"{p.successes}/{p.episodes}",
-                      f"{p.train_s:.0f}")
+        table.add_row(
+            p.stage,
+            f"{p.rate:.2f}",
+            f"{p.ci95[0]:.2f}-{p.ci95[1]:.2f}",
+            f"{p.successes}/{p.episodes}",
+            f"{p.train_s:.0f}",
+        )
     console.print(table)
     pts = {p.stage: p for p in curve.points}
     record["differences"] = {}
-    for name, a, b in (("sft+rl over untrained", "untrained", "rl"), ("sft over untrained", "untrained", "sft"),
-                       ("rl over sft", "sft", "rl")):
+    for name, a, b in (
+        ("sft+rl over untrained", "untrained", "rl"),
+        ("sft over untrained", "untrained", "sft"),
+        ("rl over sft", "sft", "rl"),
+    ):
         if a in pts and b in pts:
             diff, z = two_proportion_z(pts[a].successes, pts[a].episodes, pts[b].successes, pts[b].episodes)
             record["differences"][name] = {"diff": diff, "z": z}

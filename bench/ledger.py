@@ -45,8 +45,13 @@ def drain(settings, ledger_uri: str, n: int, consumer_group: str) -> dict:
     # Neither the group join before the first records nor the idle wait after the last flush is
     # writing time: count from the first poll that returned events (less the events it returned).
     first_at, first_n = writer.first_poll
-    return {"events_per_s": (n - first_n) / (writer.last_flush_at - first_at), "join_s": first_at - t0,
-            "parquet_bytes_per_step": stats.bytes / n, "files": stats.files, "max_lag_s": stats.max_lag_s}
+    return {
+        "events_per_s": (n - first_n) / (writer.last_flush_at - first_at),
+        "join_s": first_at - t0,
+        "parquet_bytes_per_step": stats.bytes / n,
+        "files": stats.files,
+        "max_lag_s": stats.max_lag_s,
+    }
 
 
 def drain_processes(settings, root: Path, n: int, writers: int) -> dict:
@@ -60,8 +65,9 @@ def drain_processes(settings, root: Path, n: int, writers: int) -> dict:
     env = {**os.environ, **settings.environ(), "AWRL_LEDGER_URI": str(root)}
     cmd = [sys.executable, "-m", "app.cli", "ledger", "sync", "--follow"]
     t0 = time.perf_counter()
-    procs = [subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-             for _ in range(writers)]
+    procs = [
+        subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for _ in range(writers)
+    ]
     try:
         rows, done_at, first = 0, None, None
         while rows < n and time.perf_counter() - t0 < 600:
@@ -76,14 +82,17 @@ def drain_processes(settings, root: Path, n: int, writers: int) -> dict:
         for p in procs:
             p.terminate()
             p.wait()
-    return {"events_per_s": (n - first[1]) / (done_at - first[0]), "join_s": first[0] - t0, "files": len(files),
-            "note": "from the first rows on disk (0.2 s polls); join_s includes process start"}
+    return {
+        "events_per_s": (n - first[1]) / (done_at - first[0]),
+        "join_s": first[0] - t0,
+        "files": len(files),
+        "note": "from the first rows on disk (0.2 s polls); join_s includes process start",
+    }
 
 
 def stages(settings, batch: int = 2_000) -> dict[str, dict[str, float]]:
     """Each writer stage alone over the topic's events, in events/s: the former path (events as
     Python objects) and the columnar one side by side."""
-
 
     import gc
 
@@ -98,14 +107,16 @@ def stages(settings, batch: int = 2_000) -> dict[str, dict[str, float]]:
     gc.collect()
     gc.freeze()  # as the writer does (`LedgerWriter.sync`)
     paths = {}
-    for name, decode, to_table in (("python objects", decode_event, lambda es: events_to_table(es, StepRecorded)),
-                                   ("columnar", decode_columnar, lambda es: columnar_table(es, StepRecorded))):
+    for name, decode, to_table in (
+        ("python objects", decode_event, lambda es: events_to_table(es, StepRecorded)),
+        ("columnar", decode_columnar, lambda es: columnar_table(es, StepRecorded)),
+    ):
         out = paths[name] = {"broker fetch (kafka-python)": fetch}
         t = time.perf_counter()
         events = [_rejection(ROLLOUT, r.value, decode) for r in records]
         out["decode + validation"] = len(events) / (time.perf_counter() - t)
         t = time.perf_counter()
-        tables = [to_table(events[i:i + batch]) for i in range(0, len(events), batch)]
+        tables = [to_table(events[i : i + batch]) for i in range(0, len(events), batch)]
         out["event -> Arrow"] = len(events) / (time.perf_counter() - t)
         out.update(_write_stages(tables, len(events)))
         del events, tables
@@ -137,8 +148,10 @@ def main(events: int = 20_000) -> None:
         try:
             settings = stack.settings().model_copy(update={"topic_prefix": f"bench{uuid.uuid4().hex[:6]}"})
             create_topics(settings)
-            steps = [sample_step("bench-ledger", f"g{i % 64}", f"g{i % 64}-t{i % 8}", i // 64, "ab" * 32, seed=i)
-                     for i in range(events)]
+            steps = [
+                sample_step("bench-ledger", f"g{i % 64}", f"g{i % 64}-t{i % 8}", i // 64, "ab" * 32, seed=i)
+                for i in range(events)
+            ]
             EventProducer(settings).publish_all(steps)
             json_bytes = sum(len(encode_event(e)) for e in steps[:1000]) / 1000
             results = {"events": events, "event_json_bytes": json_bytes}
@@ -158,8 +171,14 @@ def main(events: int = 20_000) -> None:
         table.add_column(col, justify="right")
     for target in ("local", "s3", "local, 2 writers"):
         r = results[target]
-        table.add_row(target, f"{r['events_per_s']:,.0f}", f"{r.get('join_s', 0):.1f}",
-                      f"{r.get('parquet_bytes_per_step', 0):,.0f}", f"{json_bytes:,.0f}", str(r["files"]))
+        table.add_row(
+            target,
+            f"{r['events_per_s']:,.0f}",
+            f"{r.get('join_s', 0):.1f}",
+            f"{r.get('parquet_bytes_per_step', 0):,.0f}",
+            f"{json_bytes:,.0f}",
+            str(r["files"]),
+        )
     console.print(table)
     stage_table = Table(title="one writer's stages, each alone on the same events (events/s, one core)")
     stage_table.add_column("stage")
@@ -168,10 +187,17 @@ def main(events: int = 20_000) -> None:
         stage_table.add_column("share", justify="right")
     totals = {path: sum(1 / r for r in rates.values()) for path, rates in results["stages"].items()}
     for name in next(iter(results["stages"].values())):
-        stage_table.add_row(name, *[c for path, rates in results["stages"].items()
-                                    for c in (f"{rates[name]:,.0f}", f"{(1 / rates[name]) / totals[path]:.0%}")])
-    stage_table.add_row("all stages in sequence (bound)",
-                        *[c for t in totals.values() for c in (f"{1 / t:,.0f}", "100%")])
+        stage_table.add_row(
+            name,
+            *[
+                c
+                for path, rates in results["stages"].items()
+                for c in (f"{rates[name]:,.0f}", f"{(1 / rates[name]) / totals[path]:.0%}")
+            ],
+        )
+    stage_table.add_row(
+        "all stages in sequence (bound)", *[c for t in totals.values() for c in (f"{1 / t:,.0f}", "100%")]
+    )
     console.print(stage_table)
     out = Path(__file__).parent / "out"
     out.mkdir(exist_ok=True)

@@ -90,8 +90,12 @@ def main(sizes: str = "100000,1000000,10000000") -> None:
                 generate(root, events)
             for mode in ("index", "journal"):
                 with console.status(f"{mode} start-up on {events:,} events ..."):
-                    out = subprocess.run([sys.executable, __file__, "--start", str(root), mode], capture_output=True,
-                                         text=True, check=True)
+                    out = subprocess.run(
+                        [sys.executable, __file__, "--start", str(root), mode],
+                        capture_output=True,
+                        text=True,
+                        check=True,
+                    )
                 results.append({"events": events, "mode": mode, **json.loads(out.stdout.strip().splitlines()[-1])})
     head = ["events in the ledger", "start-up", "seconds", "RSS over baseline MiB", "ids held"]
     table = Table(title="ledger writer start-up")
@@ -99,8 +103,13 @@ def main(sizes: str = "100000,1000000,10000000") -> None:
         table.add_column(col)
     md = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in results:
-        row = [f"{r['events']:,}", r["mode"], f"{r['seconds']:.2f}", f"{r['rss_bytes'] / 2**20:.0f}",
-               f"{r['ids_held']:,}"]
+        row = [
+            f"{r['events']:,}",
+            r["mode"],
+            f"{r['seconds']:.2f}",
+            f"{r['rss_bytes'] / 2**20:.0f}",
+            f"{r['ids_held']:,}",
+        ]
         table.add_row(*row)
         md.append("| " + " | ".join(row) + " |")
     console.print(table)

@@ -44,8 +44,13 @@ ARMS: dict[str, list[str]] = {
 parser, so an arm here is exactly the command printed for it."""
 
 
-def main(rl_minutes: float = 6.0, eval_episodes: int = 200, demo_episodes: int = 100, sft_epochs: int = 4,
-         arm_names: str = typer.Option("demo,no-kl,kl-0.3", "--arms")) -> None:
+def main(
+    rl_minutes: float = 6.0,
+    eval_episodes: int = 200,
+    demo_episodes: int = 100,
+    sft_epochs: int = 4,
+    arm_names: str = typer.Option("demo,no-kl,kl-0.3", "--arms"),
+) -> None:
     from dataclasses import replace
 
     from app.configs import DemoCommand, parse
@@ -56,8 +61,16 @@ def main(rl_minutes: float = 6.0, eval_episodes: int = 200, demo_episodes: int =
     unknown = sorted(set(chosen) - set(ARMS))
     if unknown:
         raise typer.BadParameter(f"unknown arms {unknown}; known: {', '.join(ARMS)}")
-    base = ["--rl-minutes", f"{rl_minutes:g}", "--eval-episodes", str(eval_episodes), "--demo-episodes",
-            str(demo_episodes), "--sft-epochs", str(sft_epochs)]
+    base = [
+        "--rl-minutes",
+        f"{rl_minutes:g}",
+        "--eval-episodes",
+        str(eval_episodes),
+        "--demo-episodes",
+        str(demo_episodes),
+        "--sft-epochs",
+        str(sft_epochs),
+    ]
     results = {}
     with tempfile.TemporaryDirectory() as d:
         stack = LocalStack.up(Path(d) / "stack", durable=False)
@@ -69,13 +82,16 @@ def main(rl_minutes: float = 6.0, eval_episodes: int = 200, demo_episodes: int =
                 config = parse(DemoCommand, base + ARMS[name], "awrl demo", "").learning
                 config = replace(config, run_id=f"sweep-{name}", out_dir=Path(d) / "learning")
                 if first is not None:  # RL from the first arm's SFT model, compared with its SFT point
-                    config = replace(config, warm_start=config.out_dir / first.run_id / "sft",
-                                     sft_measured_by=first.run_id)
+                    config = replace(
+                        config, warm_start=config.out_dir / first.run_id / "sft", sft_measured_by=first.run_id
+                    )
                 curve = run_learning(settings, config, say=console.print)
                 first = first or curve
                 results[name] = curve
-            invalid = _invalid_shares(settings, [first.point("sft").eval_run_id,
-                                                 *(curve.point("rl").eval_run_id for curve in results.values())])
+            invalid = _invalid_shares(
+                settings,
+                [first.point("sft").eval_run_id, *(curve.point("rl").eval_run_id for curve in results.values())],
+            )
         finally:
             stack.down()
     _report(results, first, rl_minutes, eval_episodes, invalid)
@@ -89,9 +105,15 @@ def _invalid_shares(settings, eval_run_ids: list[str]) -> dict[str, float]:
 
     try:  # a column, not the sweep: its results must survive a failure here
         LedgerWriter(settings).sync(idle_exit_s=3.0)
-        rows = connect(settings).execute(
-            "SELECT run_id, avg((error_class IS NOT DISTINCT FROM 'invalid_action')::INT) FROM steps "
-            f"WHERE run_id IN ({', '.join('?' for _ in eval_run_ids)}) GROUP BY run_id", eval_run_ids).fetchall()
+        rows = (
+            connect(settings)
+            .execute(
+                "SELECT run_id, avg((error_class IS NOT DISTINCT FROM 'invalid_action')::INT) FROM steps "
+                f"WHERE run_id IN ({', '.join('?' for _ in eval_run_ids)}) GROUP BY run_id",
+                eval_run_ids,
+            )
+            .fetchall()
+        )
     except Exception as e:  # noqa: BLE001 - a missing column must not lose the sweep's results
         console.print(f"[red]invalid-action shares unavailable: {e!r}")
         return {}
@@ -100,23 +122,52 @@ def _invalid_shares(settings, eval_run_ids: list[str]) -> dict[str, float]:
 
 def _report(results, first, rl_minutes: float, eval_episodes: int, invalid: dict[str, float]) -> None:
     sft = first.point("sft")
-    out = {"rl_minutes": rl_minutes, "eval_episodes": eval_episodes,
-           "sft": {"successes": sft.successes, "episodes": sft.episodes,
-                   "invalid_share": invalid.get(sft.eval_run_id)}, "arms": {}}
+    out = {
+        "rl_minutes": rl_minutes,
+        "eval_episodes": eval_episodes,
+        "sft": {"successes": sft.successes, "episodes": sft.episodes, "invalid_share": invalid.get(sft.eval_run_id)},
+        "arms": {},
+    }
     table = Table(title=f"MiniWoB++ test split, {eval_episodes} episodes a point, RL {rl_minutes:g} min a arm")
-    for c in ["arm", "SFT", "RL", "RL - SFT", "z", "invalid (SFT -> RL)", "RL episodes", "versions", "dropped",
-              "trainer idle"]:
+    for c in [
+        "arm",
+        "SFT",
+        "RL",
+        "RL - SFT",
+        "z",
+        "invalid (SFT -> RL)",
+        "RL episodes",
+        "versions",
+        "dropped",
+        "trainer idle",
+    ]:
         table.add_column(c, justify="right")
     for name, curve in results.items():
         rl = curve.point("rl")
         diff, z = two_proportion_z(sft.successes, sft.episodes, rl.successes, rl.episodes)
-        out["arms"][name] = {"successes": rl.successes, "episodes": rl.episodes, "diff": diff, "z": z,
-                             "rl_episodes": curve.rl.episodes, "versions": curve.rl.version,
-                             "trainer_idle": curve.rl.trainer_idle, "invalid_share": invalid.get(rl.eval_run_id)}
+        out["arms"][name] = {
+            "successes": rl.successes,
+            "episodes": rl.episodes,
+            "diff": diff,
+            "z": z,
+            "rl_episodes": curve.rl.episodes,
+            "versions": curve.rl.version,
+            "trainer_idle": curve.rl.trainer_idle,
+            "invalid_share": invalid.get(rl.eval_run_id),
+        }
         shares = (invalid.get(sft.eval_run_id, float("nan")), invalid.get(rl.eval_run_id, float("nan")))
-        table.add_row(name, f"{sft.rate:.3f}", f"{rl.rate:.3f}", f"{diff:+.3f}", f"{z:.2f}",
-                      f"{shares[0]:.2f} -> {shares[1]:.2f}", str(curve.rl.episodes),
-                      str(curve.rl.version), str(curve.rl.groups_dropped), f"{curve.rl.trainer_idle:.0%}")
+        table.add_row(
+            name,
+            f"{sft.rate:.3f}",
+            f"{rl.rate:.3f}",
+            f"{diff:+.3f}",
+            f"{z:.2f}",
+            f"{shares[0]:.2f} -> {shares[1]:.2f}",
+            str(curve.rl.episodes),
+            str(curve.rl.version),
+            str(curve.rl.groups_dropped),
+            f"{curve.rl.trainer_idle:.0%}",
+        )
     console.print(table)
     OUT.mkdir(exist_ok=True)
     (OUT / "miniwob_sweep.json").write_text(json.dumps(out, indent=2))
@@ -134,8 +185,13 @@ def _plot(out: dict, path: Path) -> None:
     cis = [wilson_interval(p["successes"], p["episodes"]) for p in points]
     fig = Figure(figsize=(7, 3.5))
     ax = fig.subplots()
-    ax.errorbar(range(len(names)), rates, yerr=[[r - lo for r, (lo, _) in zip(rates, cis)],
-                                                [hi - r for r, (_, hi) in zip(rates, cis)]], fmt="o", capsize=4)
+    ax.errorbar(
+        range(len(names)),
+        rates,
+        yerr=[[r - lo for r, (lo, _) in zip(rates, cis)], [hi - r for r, (_, hi) in zip(rates, cis)]],
+        fmt="o",
+        capsize=4,
+    )
     ax.axhline(rates[0], color="grey", lw=0.8, ls="--")
     ax.set_xticks(range(len(names)), names)
     ax.set_ylabel("held-out success (95% CI)")

@@ -29,11 +29,17 @@ console = Console()
 OUT = Path(__file__).parent / "out"
 
 
-def main(model: list[Path] = typer.Option(None, "--model", help="A model directory (repeatable)."),
-         label: list[str] = typer.Option(None, "--label", help="Name of each --model, in order."),
-         temperature: list[float] = typer.Option(None, "--temperature", help="Temperature of each --model, in order."),
-         suite: str = "boxes", split: str = "test", difficulty: str | None = None, instances: int = 8,
-         samples: int = 2, workers: int = 4) -> None:
+def main(
+    model: list[Path] = typer.Option(None, "--model", help="A model directory (repeatable)."),
+    label: list[str] = typer.Option(None, "--label", help="Name of each --model, in order."),
+    temperature: list[float] = typer.Option(None, "--temperature", help="Temperature of each --model, in order."),
+    suite: str = "boxes",
+    split: str = "test",
+    difficulty: str | None = None,
+    instances: int = 8,
+    samples: int = 2,
+    workers: int = 4,
+) -> None:
     from model.hf_io import ensure_policy
     from rollout.evaluate import EvalPolicy, evaluate_paired
 
@@ -45,22 +51,55 @@ def main(model: list[Path] = typer.Option(None, "--model", help="A model directo
     policies = [EvalPolicy(x, m, t) for x, m, t in zip(labels, models, temperatures)]
     t0 = time.monotonic()
     with local_stack() as (_, settings, _):
-        paired = evaluate_paired(settings, policies, suite=suite, split=split, difficulty=difficulty,
-                                 instances=instances, samples=samples, workers=workers)
+        paired = evaluate_paired(
+            settings,
+            policies,
+            suite=suite,
+            split=split,
+            difficulty=difficulty,
+            instances=instances,
+            samples=samples,
+            workers=workers,
+        )
     seconds = time.monotonic() - t0
 
-    table = Table(title=f"{suite} {split}: {len(paired.task_ids)} instances x {samples} episodes, paired "
-                        f"({seconds:.0f} s with the stack)")
-    for c in ["policy", "T", "success", "Wilson 95%", "invalid actions", "env errors", "minus first",
-              "paired bootstrap 95%"]:
+    table = Table(
+        title=f"{suite} {split}: {len(paired.task_ids)} instances x {samples} episodes, paired "
+        f"({seconds:.0f} s with the stack)"
+    )
+    for c in [
+        "policy",
+        "T",
+        "success",
+        "Wilson 95%",
+        "invalid actions",
+        "env errors",
+        "minus first",
+        "paired bootstrap 95%",
+    ]:
         table.add_column(c, justify="right")
-    first, record = paired.policies[0], {"run_id": paired.run_id, "task_ids": list(paired.task_ids),
-                                         "seconds": seconds, "policies": [], "differences": []}
+    first, record = (
+        paired.policies[0],
+        {
+            "run_id": paired.run_id,
+            "task_ids": list(paired.task_ids),
+            "seconds": seconds,
+            "policies": [],
+            "differences": [],
+        },
+    )
     for p in paired.policies:
         total, d = p.total, p.minus(first) if p is not first else None
-        table.add_row(p.label, f"{p.temperature:g}", f"{total.rate:.3f} ({total.successes}/{total.episodes})",
-                      f"{total.ci95[0]:.3f}-{total.ci95[1]:.3f}", f"{p.invalid_share:.3f}", str(p.env_errors),
-                      f"{d.diff:+.3f}" if d else "-", f"{d.ci95[0]:+.3f} to {d.ci95[1]:+.3f}" if d else "-")
+        table.add_row(
+            p.label,
+            f"{p.temperature:g}",
+            f"{total.rate:.3f} ({total.successes}/{total.episodes})",
+            f"{total.ci95[0]:.3f}-{total.ci95[1]:.3f}",
+            f"{p.invalid_share:.3f}",
+            str(p.env_errors),
+            f"{d.diff:+.3f}" if d else "-",
+            f"{d.ci95[0]:+.3f} to {d.ci95[1]:+.3f}" if d else "-",
+        )
         record["policies"].append(dict(asdict(p), rate=total.rate, ci95=total.ci95, invalid_share=p.invalid_share))
         if d:
             record["differences"].append(asdict(d))

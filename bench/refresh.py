@@ -52,8 +52,19 @@ from rollout.policy.local import LocalPolicy
 from schemas.observation import Observation
 
 console = Console()
-STAGES = ["save", "upload", "download", "cache hit", "load path", "load s3", "end to end", "to action, store",
-          "push", "load push", "to action, push"]
+STAGES = [
+    "save",
+    "upload",
+    "download",
+    "cache hit",
+    "load path",
+    "load s3",
+    "end to end",
+    "to action, store",
+    "push",
+    "load push",
+    "to action, push",
+]
 
 
 def _timed(fn, *args):
@@ -65,9 +76,19 @@ def _timed(fn, *args):
 def _observation() -> Observation:
     buf = io.BytesIO()
     Image.new("RGB", (1280, 720), "white").save(buf, format="PNG")
-    return Observation(instruction="Click the red box.", screenshots=[buf.getvalue()], screenshot_sha256=["0" * 64],
-                       url="http://127.0.0.1/", feedback="", history=[], memory={}, marks=[], som=False, step=0,
-                       horizon=5)
+    return Observation(
+        instruction="Click the red box.",
+        screenshots=[buf.getvalue()],
+        screenshot_sha256=["0" * 64],
+        url="http://127.0.0.1/",
+        feedback="",
+        history=[],
+        memory={},
+        marks=[],
+        som=False,
+        step=0,
+        horizon=5,
+    )
 
 
 def run(settings, work: Path, reps: int) -> dict:
@@ -86,6 +107,7 @@ def run(settings, work: Path, reps: int) -> dict:
     def act(version: int) -> None:
         out = asyncio.run(policy.act(_observation()))
         assert set(out.token_policy_versions) == {version}
+
     times: dict[str, list[float]] = {s: [] for s in STAGES}
     cold: dict[str, float] = {}
     for version in range(reps + 1):
@@ -114,8 +136,24 @@ def run(settings, work: Path, reps: int) -> dict:
         _, t_download = _timed(fetcher.download, uri)
         _, t_hit = _timed(fetcher.download, uri)
         _, t_load_path = _timed(policy.load_weights, version, str(local))
-        row = dict(zip(STAGES, [t_save, t_upload, t_download, t_hit, t_load_path, t_load_s3, t_e2e, t_action_store,
-                                t_push, t_load_push, t_action_push]))
+        row = dict(
+            zip(
+                STAGES,
+                [
+                    t_save,
+                    t_upload,
+                    t_download,
+                    t_hit,
+                    t_load_path,
+                    t_load_s3,
+                    t_e2e,
+                    t_action_store,
+                    t_push,
+                    t_load_push,
+                    t_action_push,
+                ],
+            )
+        )
         if version == 0:
             cold = row  # warm-up: pool creation on a fresh radosgw
             continue

@@ -27,8 +27,14 @@ console = Console()
 OUT = Path(__file__).parent / "out"
 
 
-def main(minutes: float = 3.0, nproc: int = 1, policy: str = "demo", model_dir: Path = None,
-         suite: str = "sites", temperature: float = 1.0) -> None:
+def main(
+    minutes: float = 3.0,
+    nproc: int = 1,
+    policy: str = "demo",
+    model_dir: Path = None,
+    suite: str = "sites",
+    temperature: float = 1.0,
+) -> None:
     from analysis.replay import VARIANTS, replay
     from app.training import RunConfig, run_training
     from pipeline.stack.local import LocalStack
@@ -39,9 +45,14 @@ def main(minutes: float = 3.0, nproc: int = 1, policy: str = "demo", model_dir: 
         try:
             settings = stack.settings().model_copy(update={"ledger_uri": str(Path(d) / "ledger")})
             rollout = replace(RunConfig().rollout, policy=policy, noise=0.5, model_dir=model_dir, suite=suite)
-            config = RunConfig(mode="async", minutes=minutes, rollout=rollout, nproc=nproc, log_dir=Path(d) / "runs",
-                               train=TrainConfig(run_id="", groups_per_update=1, dynamic_sampling=False,
-                                                 temperature=temperature))
+            config = RunConfig(
+                mode="async",
+                minutes=minutes,
+                rollout=rollout,
+                nproc=nproc,
+                log_dir=Path(d) / "runs",
+                train=TrainConfig(run_id="", groups_per_update=1, dynamic_sampling=False, temperature=temperature),
+            )
             with console.status(f"recording: an async run of {minutes:g} min ..."):
                 summary = run_training(settings, config)
             times = {}
@@ -59,18 +70,27 @@ def main(minutes: float = 3.0, nproc: int = 1, policy: str = "demo", model_dir: 
             stack.down()
 
     run_wall = summary.seconds
-    record = {"policy": policy, "suite": suite, "updates": sum(len(b.recorded) for b in results),
-              "batches_exact": exact, "batches": len(results),
-              "run_wall_s": run_wall, "first_to_last_update_s": (last - first).total_seconds(),
-              "trainer_compute_s": compute, "replay_s": times,
-              "run_wall_over_replay": {k: run_wall / v for k, v in times.items()}}
+    record = {
+        "policy": policy,
+        "suite": suite,
+        "updates": sum(len(b.recorded) for b in results),
+        "batches_exact": exact,
+        "batches": len(results),
+        "run_wall_s": run_wall,
+        "first_to_last_update_s": (last - first).total_seconds(),
+        "trainer_compute_s": compute,
+        "replay_s": times,
+        "run_wall_over_replay": {k: run_wall / v for k, v in times.items()},
+    }
     OUT.mkdir(exist_ok=True)
     (OUT / f"replay-{policy}.json").write_text(json.dumps(record, indent=2))
     console.print(f"{record['updates']} updates; bit-exact {exact}/{len(results)} batches")
     console.print(f"run wall {run_wall:.0f} s (trainer compute {compute:.0f} s of it)")
     for name, s in times.items():
-        console.print(f"replay, {name}: {s:.1f} s -> {run_wall / s:.1f}x faster than the run, "
-                      f"{compute / s:.2f}x the trainer's compute")
+        console.print(
+            f"replay, {name}: {s:.1f} s -> {run_wall / s:.1f}x faster than the run, "
+            f"{compute / s:.2f}x the trainer's compute"
+        )
 
 
 if __name__ == "__main__":

@@ -48,28 +48,51 @@ def main(workers: str = "1,2,4,8", episodes_per_worker: int = 4, suite: str = "s
         stack = LocalStack.up(Path(d), durable=False)
         try:
             for n in counts:
-                req = RolloutRequest(suite=suite, policy="oracle", workers=n, group_size=min(4, n) or 1,
-                                     episodes=episodes_per_worker * n)
+                req = RolloutRequest(
+                    suite=suite, policy="oracle", workers=n, group_size=min(4, n) or 1, episodes=episodes_per_worker * n
+                )
                 stats = run_rollout(stack.settings(), req, show_progress=False)
                 rebuild, rss = asyncio.run(rebuild_seconds(n))
-                rows.append({"workers": n, "episodes": stats.episodes, "steps": stats.steps,
-                             "success": stats.successes / max(stats.episodes, 1),
-                             "steps_per_s": stats.steps_per_s, "rebuild_s": rebuild,
-                             "dedup_rate": (stats.screenshot_dedup_hits
-                                            / max(1, stats.screenshot_dedup_hits + stats.screenshots_uploaded)),
-                             "pss_mb_per_browser": rss})
+                rows.append(
+                    {
+                        "workers": n,
+                        "episodes": stats.episodes,
+                        "steps": stats.steps,
+                        "success": stats.successes / max(stats.episodes, 1),
+                        "steps_per_s": stats.steps_per_s,
+                        "rebuild_s": rebuild,
+                        "dedup_rate": (
+                            stats.screenshot_dedup_hits
+                            / max(1, stats.screenshot_dedup_hits + stats.screenshots_uploaded)
+                        ),
+                        "pss_mb_per_browser": rss,
+                    }
+                )
                 console.print(rows[-1])
         finally:
             stack.down()
     base = rows[0]["steps_per_s"]
     table = Table(title=f"rollout pool, oracle policy, suite {suite}")
-    for col in ("workers", "steps/s", "speed-up vs 1", "success", "screenshot dedup", "rebuild pool (s)",
-                "PSS/browser (MB)"):
+    for col in (
+        "workers",
+        "steps/s",
+        "speed-up vs 1",
+        "success",
+        "screenshot dedup",
+        "rebuild pool (s)",
+        "PSS/browser (MB)",
+    ):
         table.add_column(col, justify="right")
     for r in rows:
-        table.add_row(str(r["workers"]), f"{r['steps_per_s']:.2f}", f"{r['steps_per_s'] / base:.2f}x",
-                      f"{r['success']:.2f}", f"{r['dedup_rate']:.2f}", f"{r['rebuild_s']:.2f}",
-                      f"{r['pss_mb_per_browser']:.0f}")
+        table.add_row(
+            str(r["workers"]),
+            f"{r['steps_per_s']:.2f}",
+            f"{r['steps_per_s'] / base:.2f}x",
+            f"{r['success']:.2f}",
+            f"{r['dedup_rate']:.2f}",
+            f"{r['rebuild_s']:.2f}",
+            f"{r['pss_mb_per_browser']:.0f}",
+        )
     console.print(table)
     out = Path(__file__).parent / "out"
     out.mkdir(exist_ok=True)

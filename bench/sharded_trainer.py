@@ -39,8 +39,12 @@ import typer
 
 from tables import console, show, write_json
 
-SIZES = {"tiny": {}, "bench": dict(hidden_size=512, intermediate_size=1536, num_hidden_layers=8, num_attention_heads=8,
-                                   num_key_value_heads=2)}
+SIZES = {
+    "tiny": {},
+    "bench": dict(
+        hidden_size=512, intermediate_size=1536, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=2
+    ),
+}
 
 
 def build_model(size: str, out: Path) -> Path:
@@ -78,7 +82,7 @@ def _replicated_step(scorer, optimizer, config, samples, trajectories, rank, wor
         dist.all_reduce(flat)
         offset = 0
         for p, g in zip(model.parameters(), grads):
-            p.grad = flat[offset:offset + g.numel()].view_as(g).clone()
+            p.grad = flat[offset : offset + g.numel()].view_as(g).clone()
             offset += g.numel()
     torch.nn.utils.clip_grad_norm_(list(model.parameters()), config.max_grad_norm)
     optimizer.step()
@@ -111,8 +115,9 @@ def worker(batch_path: str, model_dir: str, mode: str, reps: int, out_path: str)
         inner = optimizer.optimizer
     else:
         optimizer = inner = torch.optim.AdamW(model.parameters(), lr=config.lr)
-    scorer = Scorer(model, tokenizer, processor, suppressed_token_ids(tokenizer),
-                    ScreenshotStore.from_settings(StackSettings()).get)
+    scorer = Scorer(
+        model, tokenizer, processor, suppressed_token_ids(tokenizer), ScreenshotStore.from_settings(StackSettings()).get
+    )
     times, peaks = [], []
     for _ in range(reps + 1):
         dist.barrier()
@@ -153,11 +158,18 @@ def _hash_weights(model, mode: str, rank: int, world: int) -> None:
             combined_sha256(digests)
 
 
-def main(groups: int = 2, reps: int = 2, size: str = "bench",
-         modes: str = typer.Option("replicated,fsdp2", help="paths to compare: replicated, fsdp2, fsdp2-gather"),
-         mmap_threshold: bool = typer.Option(True, help="mmap every allocation above 64 KiB (glibc), so the peak "
-                                                        "RSS follows live tensors; off: glibc's default heap, "
-                                                        "for timing")) -> None:
+def main(
+    groups: int = 2,
+    reps: int = 2,
+    size: str = "bench",
+    modes: str = typer.Option("replicated,fsdp2", help="paths to compare: replicated, fsdp2, fsdp2-gather"),
+    mmap_threshold: bool = typer.Option(
+        True,
+        help="mmap every allocation above 64 KiB (glibc), so the peak "
+        "RSS follows live tensors; off: glibc's default heap, "
+        "for timing",
+    ),
+) -> None:
     from pipeline.stack.local import LocalStack
     from pipeline.store import ScreenshotStore
 
@@ -177,13 +189,30 @@ def main(groups: int = 2, reps: int = 2, size: str = "bench",
             (Path(d) / "batch.pkl").write_bytes(pickle.dumps(batch))
             # glibc keeps freed heap pages resident: with every allocation above 64 KiB mmap'd, a freed
             # tensor leaves the resident set, and the peak RSS follows live memory (both paths alike)
-            env = {**os.environ, **settings.environ(), "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1",
-                   **({"MALLOC_MMAP_THRESHOLD_": "65536"} if mmap_threshold else {})}
+            env = {
+                **os.environ,
+                **settings.environ(),
+                "PYTHONWARNINGS": "ignore",
+                "OMP_NUM_THREADS": "1",
+                **({"MALLOC_MMAP_THRESHOLD_": "65536"} if mmap_threshold else {}),
+            }
             for mode, nproc in runs:
                 with console.status(f"{mode} x {nproc} rank(s), {reps + 1} updates ..."):
                     out = Path(d) / f"{mode}-{nproc}.json"
-                    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-                           __file__, "--worker", str(Path(d) / "batch.pkl"), str(model_dir), mode, str(reps), str(out)]
+                    cmd = [
+                        sys.executable,
+                        "-m",
+                        "torch.distributed.run",
+                        "--standalone",
+                        f"--nproc_per_node={nproc}",
+                        __file__,
+                        "--worker",
+                        str(Path(d) / "batch.pkl"),
+                        str(model_dir),
+                        mode,
+                        str(reps),
+                        str(out),
+                    ]
                     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
                     if proc.returncode:
                         raise RuntimeError(proc.stderr[-3000:])
@@ -194,12 +223,19 @@ def main(groups: int = 2, reps: int = 2, size: str = "bench",
 
 
 def report(results: dict, groups: int, size: str, steps: int) -> None:
-    mib = 2 ** 20
+    mib = 2**20
     first = next(iter(results))
     params = results[first][0]["params_bytes"] // 4
     base = results[first][0]
-    head = ["path", "ranks", "update s (median)", f"vs {first} x1", "peak RSS / rank MiB",
-            "params+grads+Adam / rank MiB", f"state vs {first} x1"]
+    head = [
+        "path",
+        "ranks",
+        "update s (median)",
+        f"vs {first} x1",
+        "peak RSS / rank MiB",
+        "params+grads+Adam / rank MiB",
+        f"state vs {first} x1",
+    ]
     base_time = statistics.median(base["time_s"])
     base_state = base["params_bytes"] + base["grads_bytes"] + base["optimizer_bytes"]
     rows = []
@@ -207,8 +243,17 @@ def report(results: dict, groups: int, size: str, steps: int) -> None:
         mode, n = name.rsplit("-", 1)
         t = statistics.median(ranks[0]["time_s"])
         state = max(r["params_bytes"] + r["grads_bytes"] + r["optimizer_bytes"] for r in ranks)
-        rows.append([mode, n, f"{t:.2f}", f"{t / base_time:.2f}x", f"{max(r['peak_bytes'] for r in ranks) / mib:.0f}",
-                     f"{state / mib:.1f}", f"{state / base_state:.2f}x"])
+        rows.append(
+            [
+                mode,
+                n,
+                f"{t:.2f}",
+                f"{t / base_time:.2f}x",
+                f"{max(r['peak_bytes'] for r in ranks) / mib:.0f}",
+                f"{state / mib:.1f}",
+                f"{state / base_state:.2f}x",
+            ]
+        )
     show(f"{size} model ({params / 1e6:.1f}M parameters): {groups} groups, {steps} steps", head, rows)
     write_json("sharded_trainer", {"groups": groups, "size": size, "params": params, **results})
 

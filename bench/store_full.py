@@ -34,11 +34,18 @@ def main(rounds: int = 3, objects: int = 40, pause: float = 5.0) -> None:
             client, t0 = minio_client(settings), time.monotonic()
             for i in range(objects):
                 try:
-                    client.put_object(settings.s3_bucket, f"fill/{i}", io.BytesIO(blob[:-1] + bytes([i])),
-                                      len(blob), part_size=16 << 20)
+                    client.put_object(
+                        settings.s3_bucket,
+                        f"fill/{i}",
+                        io.BytesIO(blob[:-1] + bytes([i])),
+                        len(blob),
+                        part_size=16 << 20,
+                    )
                 except Exception as exc:  # noqa: BLE001 - the finding is which write failed and how
-                    console.print(f"round {r}: object {i} of {objects} failed after "
-                                  f"{time.monotonic() - t0:.0f} s: {type(exc).__name__}")
+                    console.print(
+                        f"round {r}: object {i} of {objects} failed after "
+                        f"{time.monotonic() - t0:.0f} s: {type(exc).__name__}"
+                    )
                     raise typer.Exit(1) from None
             console.print(f"round {r}: {objects} x 64 MiB stored in {time.monotonic() - t0:.0f} s")
             remove_bucket(settings)

@@ -91,14 +91,21 @@ def worker(model_dir: str, mode: str, out_path: str) -> None:
         model = sharded_policy(model_dir, mesh, cpu)
     took = time.perf_counter() - t0
     anon, file = sampler.stop()
-    mine = {"peak_over_start": peak_memory(cpu) - before, "anon_peak": anon - anon0, "file_peak": file - file0,
-            "held_after": _rss() - before, "seconds": took,
-            "params": sum(p.numel() for p in model.parameters()), "digest": shard_sha256(model)}
+    mine = {
+        "peak_over_start": peak_memory(cpu) - before,
+        "anon_peak": anon - anon0,
+        "file_peak": file - file0,
+        "held_after": _rss() - before,
+        "seconds": took,
+        "params": sum(p.numel() for p in model.parameters()),
+        "digest": shard_sha256(model),
+    }
     gathered = [None] * world if rank == 0 else None
     dist.gather_object(mine, gathered, dst=0)
     if rank == 0:
-        Path(out_path).write_text(json.dumps({"ranks": gathered,
-                                              "digest": combined_sha256([g["digest"] for g in gathered])}))
+        Path(out_path).write_text(
+            json.dumps({"ranks": gathered, "digest": combined_sha256([g["digest"] for g in gathered])})
+        )
     dist.destroy_process_group()
 
 
@@ -113,16 +120,27 @@ def main(narrow: int = 4, ranks: str = "1,2", stored: str = "bf16") -> None:
         with console.status(f"building Qwen3-VL-2B's architecture, {narrow}x narrower ..."):
             model, tokenizer = make_policy("qwen3-vl-2b", narrow=narrow, seed=0)
             params = sum(p.numel() for p in model.parameters())
-            model_dir = save_policy(model.to({"bf16": torch.bfloat16, "fp32": torch.float32}[stored]), tokenizer,
-                                    Path(d) / "model")
+            model_dir = save_policy(
+                model.to({"bf16": torch.bfloat16, "fp32": torch.float32}[stored]), tokenizer, Path(d) / "model"
+            )
             del model
         env = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1", "MALLOC_MMAP_THRESHOLD_": "65536"}
         for n in (int(r) for r in ranks.split(",")):
             for mode in MODES:  # side by side, in turn
                 with console.status(f"{mode} x {n} rank(s) ..."):
                     out = Path(d) / f"{mode}-{n}.json"
-                    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}",
-                           __file__, "--worker", str(model_dir), mode, str(out)]
+                    cmd = [
+                        sys.executable,
+                        "-m",
+                        "torch.distributed.run",
+                        "--standalone",
+                        f"--nproc_per_node={n}",
+                        __file__,
+                        "--worker",
+                        str(model_dir),
+                        mode,
+                        str(out),
+                    ]
                     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
                     if proc.returncode:
                         raise RuntimeError(proc.stderr[-3000:])
@@ -131,22 +149,41 @@ def main(narrow: int = 4, ranks: str = "1,2", stored: str = "bf16") -> None:
 
 
 def report(results: dict, params: int, narrow: int, stored: str) -> None:
-    mib = 2 ** 20
-    head = ["path", "ranks", "peak RSS over start / rank MiB", "of it private (anon) MiB", "file pages MiB",
-            "held after / rank MiB", "seconds", "private vs before", "weights digest"]
+    mib = 2**20
+    head = [
+        "path",
+        "ranks",
+        "peak RSS over start / rank MiB",
+        "of it private (anon) MiB",
+        "file pages MiB",
+        "held after / rank MiB",
+        "seconds",
+        "private vs before",
+        "weights digest",
+    ]
+
     def worst(key: str, name: str) -> int:
         return max(r[key] for r in results[name]["ranks"])
 
     table = []
     for name, result in results.items():
         mode, n = name.split(" x")
-        table.append([mode, n, *(f"{worst(k, name) / mib:.0f}" for k in ("peak_over_start", "anon_peak", "file_peak",
-                                                                            "held_after")),
-                      f"{worst('seconds', name):.1f}",
-                      f"{worst('anon_peak', name) / worst('anon_peak', f'{MODES[0]} x{n}'):.2f}x",
-                      result["digest"][:12]])
-    show(f"Qwen3-VL-2B architecture / {narrow} ({params / 1e6:.1f}M parameters, {params * 4 / mib:.0f} MiB in fp32), "
-         f"stored in {stored}", head, table)
+        table.append(
+            [
+                mode,
+                n,
+                *(f"{worst(k, name) / mib:.0f}" for k in ("peak_over_start", "anon_peak", "file_peak", "held_after")),
+                f"{worst('seconds', name):.1f}",
+                f"{worst('anon_peak', name) / worst('anon_peak', f'{MODES[0]} x{n}'):.2f}x",
+                result["digest"][:12],
+            ]
+        )
+    show(
+        f"Qwen3-VL-2B architecture / {narrow} ({params / 1e6:.1f}M parameters, {params * 4 / mib:.0f} MiB in fp32), "
+        f"stored in {stored}",
+        head,
+        table,
+    )
     write_json("trainer_startup", {"params": params, "narrow": narrow, "stored": stored, **results})
 
 

@@ -54,18 +54,42 @@ def record_batch(groups: int, store):
             for s in range(2):
                 png = render_page(f"group {g} trajectory {t} step {s}", seed=100 * g + 10 * t + s)
                 store.put(png)
-                obs = Observation(instruction="find the cheapest item", screenshots=[png],
-                                  screenshot_sha256=[sha256_hex(png)], url="http://127.0.0.1/", feedback="",
-                                  history=[], memory={}, marks=[Mark(1, "button", "Add to cart", 1000, 640, 200, 50)],
-                                  som=True, step=s, horizon=10)
+                obs = Observation(
+                    instruction="find the cheapest item",
+                    screenshots=[png],
+                    screenshot_sha256=[sha256_hex(png)],
+                    url="http://127.0.0.1/",
+                    feedback="",
+                    history=[],
+                    memory={},
+                    marks=[Mark(1, "button", "Add to cart", 1000, 640, 200, 50)],
+                    som=True,
+                    step=s,
+                    horizon=10,
+                )
                 out = policy.generate(*render_prompt(obs))
-                steps.append(sample_step("bench", f"g{g}", f"g{g}t{t}", s, sha256_hex(png)).model_copy(update={
-                    "prompt_token_ids": out.prompt_token_ids, "response_token_ids": out.response_token_ids,
-                    "behave_logprobs": out.logprobs, "token_policy_versions": out.token_policy_versions}))
+                steps.append(
+                    sample_step("bench", f"g{g}", f"g{g}t{t}", s, sha256_hex(png)).model_copy(
+                        update={
+                            "prompt_token_ids": out.prompt_token_ids,
+                            "response_token_ids": out.response_token_ids,
+                            "behave_logprobs": out.logprobs,
+                            "token_policy_versions": out.token_policy_versions,
+                        }
+                    )
+                )
             trajectories.append(steps)
-        done = GroupCompleted(run_id="bench", group_id=f"g{g}", task_id="t", trajectory_ids=[f"g{g}t0", f"g{g}t1"],
-                              rewards=[1.0, 0.0], num_steps=[2, 2], outcomes=["success", "failure"],
-                              min_policy_version=0, max_policy_version=0)
+        done = GroupCompleted(
+            run_id="bench",
+            group_id=f"g{g}",
+            task_id="t",
+            trajectory_ids=[f"g{g}t0", f"g{g}t1"],
+            rewards=[1.0, 0.0],
+            num_steps=[2, 2],
+            outcomes=["success", "failure"],
+            min_policy_version=0,
+            max_policy_version=0,
+        )
         batch.append(TrainGroup(done, trajectories, [1.0, -1.0], {}))
     return batch
 
@@ -98,12 +122,13 @@ def worker(batch_path: str, mode: str, reps: int, out_path: str) -> None:
         import trainer.update as update
 
         update.prefetch = lambda samples, fetch, ahead=4: (  # fetch inline, one sample at a time
-            (s, [fetch(h) for h in s.screenshot_sha256]) for s in samples)
+            (s, [fetch(h) for h in s.screenshot_sha256]) for s in samples
+        )
     times = []
     for _ in range(reps + 1):
         dist.barrier()
         t0 = time.perf_counter()
-        minibatches = [batch[m::config.minibatches] for m in range(config.minibatches)]
+        minibatches = [batch[m :: config.minibatches] for m in range(config.minibatches)]
         flat = [flatten(mb) for mb in minibatches]
         mine = [shard(samples, rank, world) for samples, _ in flat]
         proximal = [response_logprobs(scorer, s, 1.0) for s in mine] if config.minibatches > 1 else None
@@ -120,8 +145,12 @@ def main(groups: int = 4, reps: int = 3) -> None:
     from pipeline.stack.local import LocalStack
     from pipeline.store import ScreenshotStore
 
-    runs = [("1 process", 1, "plain"), ("2 processes (gloo)", 2, "plain"), ("no prefetch", 1, "no_prefetch"),
-            ("2 minibatches", 1, "minibatches")]
+    runs = [
+        ("1 process", 1, "plain"),
+        ("2 processes (gloo)", 2, "plain"),
+        ("no prefetch", 1, "no_prefetch"),
+        ("2 minibatches", 1, "minibatches"),
+    ]
     results = {}
     with tempfile.TemporaryDirectory() as d:
         stack = LocalStack.up(Path(d) / "stack", durable=False)
@@ -136,8 +165,19 @@ def main(groups: int = 4, reps: int = 3) -> None:
             for name, nproc, mode in runs:
                 with console.status(f"{name} x{reps + 1} ..."):
                     out = Path(d) / f"{mode}-{nproc}.json"
-                    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-                           __file__, "--worker", str(Path(d) / "batch.pkl"), mode, str(reps), str(out)]
+                    cmd = [
+                        sys.executable,
+                        "-m",
+                        "torch.distributed.run",
+                        "--standalone",
+                        f"--nproc_per_node={nproc}",
+                        __file__,
+                        "--worker",
+                        str(Path(d) / "batch.pkl"),
+                        mode,
+                        str(reps),
+                        str(out),
+                    ]
                     subprocess.run(cmd, env=env, check=True, capture_output=True)
                     results[name] = json.loads(out.read_text())
         finally:
@@ -150,8 +190,13 @@ def main(groups: int = 4, reps: int = 3) -> None:
         table.add_column(col)
     rows = []
     for name, ts in results.items():
-        row = [name, f"{statistics.median(ts):.2f}", f"{min(ts):.2f}", f"{max(ts):.2f}",
-               f"{statistics.median(ts) / base:.2f}x"]
+        row = [
+            name,
+            f"{statistics.median(ts):.2f}",
+            f"{min(ts):.2f}",
+            f"{max(ts):.2f}",
+            f"{statistics.median(ts) / base:.2f}x",
+        ]
         table.add_row(*row)
         rows.append(row)
     console.print(table)

@@ -54,17 +54,25 @@ def _get(url: str) -> float:
 
 def _pages(settings) -> dict[str, str]:
     con = connect(settings)
-    longest, group = con.execute("SELECT trajectory_id, group_id FROM trajectories WHERE run_id = $r "
-                                 "ORDER BY num_steps DESC LIMIT 1", {"r": RUN}).fetchall()[0]
+    longest, group = con.execute(
+        "SELECT trajectory_id, group_id FROM trajectories WHERE run_id = $r ORDER BY num_steps DESC LIMIT 1", {"r": RUN}
+    ).fetchall()[0]
     sha = con.execute("SELECT screenshot_sha256 FROM steps WHERE run_id = $r LIMIT 1", {"r": RUN}).fetchall()[0][0]
     steps = con.execute("SELECT count(*) FROM steps WHERE run_id = $r", {"r": RUN}).fetchall()[0][0]
     con.close()
     print(f"{steps} steps; longest trajectory {longest}")
     run = f"/runs/{RUN}"
-    return {"runs": "/", "run": run, "run, failures only": f"{run}?outcome=failure",
-            "curves (SVG)": f"{run}/curves.svg", "trajectory (longest)": f"{run}/trajectories/{longest}",
-            "group": f"{run}/groups/{group}", "update": f"{run}/updates/0", "screenshot": f"/screenshots/{sha}.png",
-            "step with marks drawn": f"{run}/trajectories/{longest}/steps/0.png"}
+    return {
+        "runs": "/",
+        "run": run,
+        "run, failures only": f"{run}?outcome=failure",
+        "curves (SVG)": f"{run}/curves.svg",
+        "trajectory (longest)": f"{run}/trajectories/{longest}",
+        "group": f"{run}/groups/{group}",
+        "update": f"{run}/updates/0",
+        "screenshot": f"/screenshots/{sha}.png",
+        "step with marks drawn": f"{run}/trajectories/{longest}/steps/0.png",
+    }
 
 
 def main(groups: int = 500, reps: int = 5) -> None:

@@ -75,9 +75,19 @@ def _rollouts(settings, model_dir: Path, episodes: int, workers: int, rounds: in
     for r in range(rounds):
         for backend in ("local", "vllm"):
             run_id = f"bench-{backend}-{uuid.uuid4().hex[:6]}"
-            request = RolloutRequest(suite="sites", policy=backend, workers=workers, group_size=2, episodes=episodes,
-                                     difficulty="easy", model_dir=model_dir, run_id=run_id, seed=r,
-                                     episode=EpisodeConfig(som=True), journal_dir=None)
+            request = RolloutRequest(
+                suite="sites",
+                policy=backend,
+                workers=workers,
+                group_size=2,
+                episodes=episodes,
+                difficulty="easy",
+                model_dir=model_dir,
+                run_id=run_id,
+                seed=r,
+                episode=EpisodeConfig(som=True),
+                journal_dir=None,
+            )
             with console.status(f"round {r + 1}: {backend} backend, {episodes} episodes ..."):
                 stats = run_rollout(settings, request, show_progress=False)
             out[backend].append({"steps": stats.steps, "episodes": stats.episodes, "steps_per_s": stats.steps_per_s})
@@ -108,15 +118,24 @@ def _refresh_latency(settings, backend: str, v0: Path, work: Path, n: int) -> li
     uris = [checkpoints.upload(v1 if k % 2 else v0, run_id, k) for k in range(1, n + 1)]
     suite = make_suite("sites")
     suite.start()
-    policy = make_policy(backend, {"sites": suite}, v0, settings.vllm_url, settings.vllm_model,
-                         checkpoints=checkpoints)
+    policy = make_policy(backend, {"sites": suite}, v0, settings.vllm_url, settings.vllm_model, checkpoints=checkpoints)
     if backend == "vllm":
         asyncio.run(policy.refresh(0, str(v0)))
     producer = EventProducer(settings)
     tasks = [t for t in suite.tasks("train") if t.difficulty == "easy"]
     dispatch(producer, run_id, task_stream(tasks, seed=0), 10 * n, 2)
-    pool = RolloutPool(settings, {"sites": suite}, policy, PoolConfig(workers=2, run_id=run_id, journal_dir=None,
-                       consumer_group=f"rollout-{run_id}", episode=EpisodeConfig(som=True)))
+    pool = RolloutPool(
+        settings,
+        {"sites": suite},
+        policy,
+        PoolConfig(
+            workers=2,
+            run_id=run_id,
+            journal_dir=None,
+            consumer_group=f"rollout-{run_id}",
+            episode=EpisodeConfig(som=True),
+        ),
+    )
     acted: list[tuple[float, int]] = []
     act = policy.act
 
@@ -132,8 +151,9 @@ def _refresh_latency(settings, backend: str, v0: Path, work: Path, n: int) -> li
         for k, uri in enumerate(uris, start=1):
             time.sleep(3.0)
             t_pub = time.monotonic()
-            producer.publish_all([PolicyVersionPublished(run_id=run_id, version=k, checkpoint_uri=uri,
-                                                         checkpoint_sha256="0" * 64)])
+            producer.publish_all(
+                [PolicyVersionPublished(run_id=run_id, version=k, checkpoint_uri=uri, checkpoint_sha256="0" * 64)]
+            )
             while not any(v >= k and t > t_pub for t, v in acted):
                 time.sleep(0.01)
             latencies.append(min(t for t, v in acted if v >= k and t > t_pub) - t_pub)
@@ -163,14 +183,23 @@ def _logprob_gap(settings, run_ids: list[str]) -> dict:
     gaps = []
     for s in read_log(settings, ROLLOUT):
         if isinstance(s, StepRecorded) and s.run_id in run_ids and s.response_token_ids:
-            inputs = inputs_from_ids(scorer.tokenizer, s.prompt_token_ids + s.response_token_ids,
-                                     [store.get(h) for h in s.prompt_screenshot_sha256], scorer.image_processor)
+            inputs = inputs_from_ids(
+                scorer.tokenizer,
+                s.prompt_token_ids + s.response_token_ids,
+                [store.get(h) for h in s.prompt_screenshot_sha256],
+                scorer.image_processor,
+            )
             with torch.no_grad():
                 lp, _ = score(scorer.model, inputs, len(s.response_token_ids), suppress, 1.0)
             gaps.append((lp - torch.tensor(s.behave_logprobs)).abs())
     g = torch.cat(gaps)
-    return {"steps": len(gaps), "tokens": g.numel(), "max": g.max().item(), "mean": g.mean().item(),
-            "p99": g.quantile(0.99).item()}
+    return {
+        "steps": len(gaps),
+        "tokens": g.numel(),
+        "max": g.max().item(),
+        "mean": g.mean().item(),
+        "p99": g.quantile(0.99).item(),
+    }
 
 
 def _report(results: dict) -> None:
@@ -180,8 +209,9 @@ def _report(results: dict) -> None:
     ratios = [v / lo for v, lo in zip(vllm, local)]
     console.print(f"rollout steps/s  local {local}  vllm {vllm}  vllm/local per round {[f'{x:.2f}' for x in ratios]}")
     for backend, lat in results["refresh"].items():
-        console.print(f"refresh {backend}: median {statistics.median(lat):.2f} s  "
-                      f"min {min(lat):.2f}  max {max(lat):.2f}")
+        console.print(
+            f"refresh {backend}: median {statistics.median(lat):.2f} s  min {min(lat):.2f}  max {max(lat):.2f}"
+        )
     console.print(f"log-prob gap: {results['logprob_gap']}")
     console.print(f"startup: {results['startup']}")
     OUT.mkdir(exist_ok=True)

@@ -28,11 +28,25 @@ import typer
 
 
 def _serve(model_dir: Path, port: int, log: Path) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
-           "--served-model-name", "policy", "--port", str(port), "--enforce-eager",
-           "--gpu-memory-utilization", "0.3", "--weight-transfer-config", json.dumps({"backend": "nccl"})]
-    proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT,
-                            env={**os.environ, "VLLM_SERVER_DEV_MODE": "1"})
+    cmd = [
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(model_dir),
+        "--served-model-name",
+        "policy",
+        "--port",
+        str(port),
+        "--enforce-eager",
+        "--gpu-memory-utilization",
+        "0.3",
+        "--weight-transfer-config",
+        json.dumps({"backend": "nccl"}),
+    ]
+    proc = subprocess.Popen(
+        cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, env={**os.environ, "VLLM_SERVER_DEV_MODE": "1"}
+    )
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline:
         try:
@@ -49,8 +63,11 @@ def _serve(model_dir: Path, port: int, log: Path) -> subprocess.Popen:
 
 def _first_action(url: str) -> float:
     t0 = time.perf_counter()
-    r = requests.post(f"{url}/v1/completions", json={"model": "policy", "prompt": "click", "max_tokens": 8,
-                                                      "temperature": 0}, timeout=120)
+    r = requests.post(
+        f"{url}/v1/completions",
+        json={"model": "policy", "prompt": "click", "max_tokens": 8, "temperature": 0},
+        timeout=120,
+    )
     r.raise_for_status()
     return time.perf_counter() - t0
 
@@ -72,7 +89,9 @@ def main(model_dir: Path = typer.Option(...), reps: int = 3, port: int = 8011, n
         _, tokenizer, image_processor = load_policy(model_dir)
         engine = NCCLTrainerWeightTransferEngine.trainer_init(
             NCCLTrainerInitInfo(master_address="127.0.0.1", master_port=nccl_port, world_size=2, rank=0),
-            client=HTTPVLLMWeightSyncClient(url), source=ModuleSource(model))
+            client=HTTPVLLMWeightSyncClient(url),
+            source=ModuleSource(model),
+        )
         rows = {"store": [], "push": []}
         for rep in range(reps + 1):  # the first of each path is a warm-up
             for path in ("store", "push"):
@@ -82,8 +101,9 @@ def main(model_dir: Path = typer.Option(...), reps: int = 3, port: int = 8011, n
                 t0 = time.perf_counter()
                 if path == "store":
                     directory = save_policy(model, tokenizer, work / f"v{rep}", image_processor=image_processor)
-                    requests.post(f"{url}/collective_rpc", json=reload_weights_body(str(directory)),
-                                  timeout=600).raise_for_status()
+                    requests.post(
+                        f"{url}/collective_rpc", json=reload_weights_body(str(directory)), timeout=600
+                    ).raise_for_status()
                 else:
                     engine.send_weights()
                 loaded = time.perf_counter() - t0
@@ -93,9 +113,11 @@ def main(model_dir: Path = typer.Option(...), reps: int = 3, port: int = 8011, n
         params = sum(p.numel() for p in model.parameters())
         result = {"params": params, "gpu": torch.cuda.get_device_name(), "rows": rows}
         for path, rs in rows.items():
-            print(f"{path}: loaded {statistics.median(r['loaded_s'] for r in rs):.3f} s, first action "
-                  f"{statistics.median(r['to_action_s'] for r in rs):.3f} s "
-                  f"(median of {reps}, {params / 1e9:.2f}B bf16)")
+            print(
+                f"{path}: loaded {statistics.median(r['loaded_s'] for r in rs):.3f} s, first action "
+                f"{statistics.median(r['to_action_s'] for r in rs):.3f} s "
+                f"(median of {reps}, {params / 1e9:.2f}B bf16)"
+            )
         push, store = (statistics.median(r["to_action_s"] for r in rows[p]) for p in ("push", "store"))
         print(f"publish to first action, push / store: {push / store:.2f}x")
         if os.environ.get("OUT"):

@@ -23,8 +23,12 @@ from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLIm
 
 from model.tokenizer import MAX_LENGTH, SPECIAL_TOKENS, STOP_TOKENS, train_tokenizer
 
-_QWEN3_ROPE = {"rope_type": "default", "rope_theta": 5_000_000.0, "mrope_section": [24, 20, 20],
-               "mrope_interleaved": True}
+_QWEN3_ROPE = {
+    "rope_type": "default",
+    "rope_theta": 5_000_000.0,
+    "mrope_section": [24, 20, 20],
+    "mrope_interleaved": True,
+}
 
 
 @dataclass(frozen=True)
@@ -37,14 +41,17 @@ class Architecture:
     """`vision_config` fields: widths, depth, heads, patching, DeepStack layers."""
     tie_word_embeddings: bool = False
     """The LM head shares the token embedding's weight (Qwen3-VL 2B and 4B)."""
-    narrowed: tuple[str, ...] = field(default=(
-        "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "num_heads"))
+    narrowed: tuple[str, ...] = field(
+        default=("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "num_heads")
+    )
     """The fields `narrow` divides (widths and head counts; never depth or head size)."""
 
     def narrow(self, k: int) -> Architecture:
         """Every width and head count divided by `k` (at least 1), depth and head size unchanged."""
+
         def scale(d: dict) -> dict:
             return {key: max(1, v // k) if key in self.narrowed else v for key, v in d.items()}
+
         return Architecture(scale(self.text), scale(self.vision), self.tie_word_embeddings, self.narrowed)
 
 
@@ -89,8 +96,11 @@ IMAGE_PIXELS = (32 * 32, 448 * 256)
 """(min, max) pixels after resizing; sides are multiples of patch * merge = 32."""
 
 
-def build_config(tokenizer: PreTrainedTokenizerFast, architecture: Architecture = ARCHITECTURES["tiny"],
-                 vocab_size: int | None = None) -> Qwen3VLConfig:
+def build_config(
+    tokenizer: PreTrainedTokenizerFast,
+    architecture: Architecture = ARCHITECTURES["tiny"],
+    vocab_size: int | None = None,
+) -> Qwen3VLConfig:
     """The `Qwen3VLConfig` of `architecture` over `tokenizer`'s vocabulary and special tokens
     (`vocab_size`: the real one instead, e.g. 151,936 for a memory figure of a published model)."""
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
@@ -105,8 +115,9 @@ def build_config(tokenizer: PreTrainedTokenizerFast, architecture: Architecture 
     )  # fmt: skip
 
 
-def make_policy(name: str = "tiny", narrow: int = 1, seed: int = 0
-                ) -> tuple[Qwen3VLForConditionalGeneration, PreTrainedTokenizerFast]:
+def make_policy(
+    name: str = "tiny", narrow: int = 1, seed: int = 0
+) -> tuple[Qwen3VLForConditionalGeneration, PreTrainedTokenizerFast]:
     """A fresh float32 policy of the named architecture, `narrow` times narrower (weights fixed by
     `seed`), and the project's tokenizer."""
     if name not in ARCHITECTURES:

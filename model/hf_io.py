@@ -58,8 +58,14 @@ def load_image_processor(model_dir: str | Path) -> Qwen2VLImageProcessorPil:
     return Qwen2VLImageProcessorPil.from_pretrained(Path(model_dir))
 
 
-def save_policy(model, tokenizer, model_dir: str | Path, overwrite: bool = True, image_processor=None,
-                state_dict: dict | None = None) -> Path:
+def save_policy(
+    model,
+    tokenizer,
+    model_dir: str | Path,
+    overwrite: bool = True,
+    image_processor=None,
+    state_dict: dict | None = None,
+) -> Path:
     """Write a standard HF model directory (atomically: built aside, then renamed into place).
     `image_processor`: the model's own (a loaded checkpoint's); None writes the tiny model's.
     `state_dict`: the full weights to write when `model`'s own are sharded (FSDP2); a tied weight is
@@ -144,9 +150,10 @@ def _copy_rows(model: torch.nn.Module, model_dir, files: dict, handles: dict) ->
         start = _row_offset(param, target) if target.shape != param.shape else 0
         stored = handles[files[name]].get_slice(name)
         if tuple(stored.get_shape()) != tuple(param.shape):
-            raise PolicyLoadError(f"{model_dir}: {name} is {stored.get_shape()} on disk, "
-                                  f"{list(param.shape)} in the config")
-        target.copy_(stored[start:start + target.shape[0]].to(target.dtype))
+            raise PolicyLoadError(
+                f"{model_dir}: {name} is {stored.get_shape()} on disk, {list(param.shape)} in the config"
+            )
+        target.copy_(stored[start : start + target.shape[0]].to(target.dtype))
 
 
 def _row_offset(param, local: torch.Tensor) -> int:

@@ -78,8 +78,9 @@ def mrope_positions(model, inputs: dict) -> tuple[torch.Tensor, torch.Tensor]:
     if "image_grid_thw" not in inputs:
         pos = (mask.cumsum(-1) - 1).clamp(min=0)
         return pos.unsqueeze(0).expand(3, -1, -1), torch.zeros(mask.shape[0], dtype=torch.long)
-    pos, delta = model.model.get_rope_index(inputs["input_ids"], inputs["mm_token_type_ids"], inputs["image_grid_thw"],
-                                            attention_mask=mask)
+    pos, delta = model.model.get_rope_index(
+        inputs["input_ids"], inputs["mm_token_type_ids"], inputs["image_grid_thw"], attention_mask=mask
+    )
     return pos, delta.view(-1)
 
 

@@ -26,10 +26,7 @@ SYSTEM = (
     "memory: facts to remember for later steps (it is carried forward).\n"
     "action is one of:\n"
 )
-ACTIONS_PIXEL = (
-    '{"kind": "click", "x": 412, "y": 96}\n'
-    '{"kind": "type", "text": "laptop"}\n'
-)
+ACTIONS_PIXEL = '{"kind": "click", "x": 412, "y": 96}\n{"kind": "type", "text": "laptop"}\n'
 ACTIONS_SOM = (
     '{"kind": "click", "mark": 7}\n'
     '{"kind": "click", "x": 412, "y": 96}\n'

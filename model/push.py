@@ -78,8 +78,11 @@ class WeightSender:
                 self._store.wait([f"g{generation}/joining"], JOIN_TIMEOUT)
                 self._generation, self._sent = generation, 0
                 self._group = dist.ProcessGroupGloo(dist.PrefixStore(f"g{generation}", self._store), 0, 2, TIMEOUT)
-            header = {"version": version, "sha256": sha256,
-                      "tensors": [[k, str(v.dtype).removeprefix("torch."), list(v.shape)] for k, v in weights.items()]}
+            header = {
+                "version": version,
+                "sha256": sha256,
+                "tensors": [[k, str(v.dtype).removeprefix("torch."), list(v.shape)] for k, v in weights.items()],
+            }
             self._store.set(f"g{generation}/h{self._sent}", json.dumps(header))
             self._sent += 1
             for buffer in _flat(weights).values():
@@ -163,7 +166,7 @@ class WeightReceiver:
                 group.broadcast([buffer]).wait()
             offsets, weights = dict.fromkeys(buffers, 0), {}
             for name, dtype, shape in specs:
-                weights[name] = buffers[dtype][offsets[dtype]:offsets[dtype] + shape.numel()].view(shape)
+                weights[name] = buffers[dtype][offsets[dtype] : offsets[dtype] + shape.numel()].view(shape)
                 offsets[dtype] += shape.numel()
             with self._lock:
                 self._pushed[header["version"]] = Pushed(header["version"], header["sha256"], weights)

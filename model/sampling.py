@@ -54,8 +54,8 @@ def collate(rows: Sequence[dict[str, torch.Tensor]], pad_id: int) -> dict[str, t
     modality = torch.zeros((len(rows), width), dtype=torch.int)
     for b, r in enumerate(rows):
         n = r["input_ids"].shape[1]
-        ids[b, width - n:], mask[b, width - n:] = r["input_ids"][0], 1
-        modality[b, width - n:] = r["mm_token_type_ids"][0]
+        ids[b, width - n :], mask[b, width - n :] = r["input_ids"][0], 1
+        modality[b, width - n :] = r["mm_token_type_ids"][0]
     batch = {"input_ids": ids, "attention_mask": mask, "mm_token_type_ids": modality}
     with_images = [r for r in rows if "pixel_values" in r]
     if with_images:
@@ -65,8 +65,13 @@ def collate(rows: Sequence[dict[str, torch.Tensor]], pad_id: int) -> dict[str, t
 
 
 @torch.no_grad()
-def sample_batch(model, rows: Sequence[dict[str, torch.Tensor]], sampling: Sampling, pad_id: int,
-                 generator: torch.Generator | None = None) -> list[Sampled]:
+def sample_batch(
+    model,
+    rows: Sequence[dict[str, torch.Tensor]],
+    sampling: Sampling,
+    pad_id: int,
+    generator: torch.Generator | None = None,
+) -> list[Sampled]:
     """Sample one response for each prompt in `rows`, all in one batch."""
     t0 = time.perf_counter()
     batch = collate(rows, pad_id)
@@ -96,7 +101,8 @@ def sample_batch(model, rows: Sequence[dict[str, torch.Tensor]], sampling: Sampl
             break
         mask = torch.cat([mask, torch.ones((n, 1), dtype=mask.dtype)], dim=-1)
         p = (lengths + step + delta).view(1, n, 1).expand(3, n, 1)
-        out = model(input_ids=picks.view(n, 1), attention_mask=mask, position_ids=p, past_key_values=cache,
-                    use_cache=True)
+        out = model(
+            input_ids=picks.view(n, 1), attention_mask=mask, position_ids=p, past_key_values=cache, use_cache=True
+        )
     decode_s = time.perf_counter() - t0 - prefill_s
     return [Sampled(t, lp, prefill_s, decode_s, n) for t, lp in zip(tokens, logprobs)]

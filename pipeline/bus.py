@@ -116,8 +116,14 @@ class EventProducer:
             f.get(timeout=timeout)
         return len(futures)
 
-    def send_raw(self, topic: Topic, value: bytes, key: bytes | None = None, headers: Headers | None = None,
-                 event_id: str | None = None):
+    def send_raw(
+        self,
+        topic: Topic,
+        value: bytes,
+        key: bytes | None = None,
+        headers: Headers | None = None,
+        event_id: str | None = None,
+    ):
         """Send one record; with an outbox and an `event_id`, it is on disk first (`pipeline.outbox`)."""
         name = topic_name(self.settings, topic)
         if self.outbox is not None and event_id is not None:
@@ -150,8 +156,9 @@ class EventProducer:
             self.outbox.sent(p.event_id, cluster)
             inflight.discard(p.event_id)
 
-        return future.add_callback(acked).add_errback(self._on_failure).add_errback(
-            lambda _: inflight.discard(p.event_id))
+        return (
+            future.add_callback(acked).add_errback(self._on_failure).add_errback(lambda _: inflight.discard(p.event_id))
+        )
 
     def cluster_id(self) -> str | None:
         """The broker's cluster id as this producer last saw it (a memory broker gets a new one at restart)."""
@@ -159,8 +166,9 @@ class EventProducer:
 
     def _live_cluster(self) -> str | None:
         """The cluster id of the broker answering now: a new connection, not the producer's metadata."""
-        admin = KafkaAdminClient(bootstrap_servers=self.settings.kafka_bootstrap, client_id="awrl-outbox",
-                                 request_timeout_ms=10_000)
+        admin = KafkaAdminClient(
+            bootstrap_servers=self.settings.kafka_bootstrap, client_id="awrl-outbox", request_timeout_ms=10_000
+        )
         try:
             return admin.describe_cluster().get("cluster_id")
         finally:

@@ -168,8 +168,12 @@ class CheckpointStore:
         """Trainer-only state (optimizer moments, ~2x the weights) beside the checkpoint, not in it, so
         rollout refreshes never fetch it; `name` (default: the file's) may hold a folder, as a sharded
         state's files do. Put it before `upload`: the manifest commits both."""
-        self.client.fput_object(self.bucket, f"{self.key(run_id, version)}.trainer/{name or path.name}", str(path),
-                                part_size=_part_size(path.stat().st_size))
+        self.client.fput_object(
+            self.bucket,
+            f"{self.key(run_id, version)}.trainer/{name or path.name}",
+            str(path),
+            part_size=_part_size(path.stat().st_size),
+        )
 
     def get_state_dir(self, run_id: str, version: int, folder: str, dest: Path) -> Path | None:
         """Every trainer state file under `folder` of a version, downloaded into `dest`; None if there
@@ -180,7 +184,7 @@ class CheckpointStore:
             return None
         dest.mkdir(parents=True, exist_ok=True)
         with ThreadPoolExecutor(self.workers) as pool:
-            list(pool.map(lambda n: self.client.fget_object(self.bucket, n, str(dest / n[len(prefix):])), names))
+            list(pool.map(lambda n: self.client.fget_object(self.bucket, n, str(dest / n[len(prefix) :])), names))
         return dest
 
     # -- download --------------------------------------------------------------------------------

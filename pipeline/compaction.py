@@ -88,6 +88,7 @@ class CompactionConfig:
 @dataclass(frozen=True)
 class Safeguards:
     """The protocol's checks, each switchable off only so that a test can show the fault it prevents."""
+
     claims: bool = True
     """Steps 2 and 4 look at other passes' claims and at the sources' visibility; off: only at committed
     manifests naming a source (this module's check before issue 41)."""
@@ -138,8 +139,16 @@ class Manifest:
         def names(paths):
             return sorted(p.rsplit("/", 1)[-1] for p in paths)
 
-        return json.dumps({"state": m.state, "prefix": m.prefix, "sources": names(m.sources), "at": m.at,
-                           "outputs": names(m.outputs), "supersedes": names(m.supersedes)}).encode()
+        return json.dumps(
+            {
+                "state": m.state,
+                "prefix": m.prefix,
+                "sources": names(m.sources),
+                "at": m.at,
+                "outputs": names(m.outputs),
+                "supersedes": names(m.supersedes),
+            }
+        ).encode()
 
 
 @dataclass
@@ -154,6 +163,7 @@ class Visibility:
 @dataclass(frozen=True)
 class View:
     """One listing, and the manifests in it as read after it."""
+
     paths: dict[str, pafs.FileInfo | None]
     manifests: list[Manifest]
 
@@ -231,8 +241,9 @@ def manifest_rule(fs: pafs.FileSystem, paths: set[str], safeguards: Safeguards =
     return v.hidden, v.invisible
 
 
-def compact(fs: pafs.FileSystem, directory: str, protected: set[str], config: CompactionConfig = CompactionConfig(),
-            put=None) -> CompactionResult:
+def compact(
+    fs: pafs.FileSystem, directory: str, protected: set[str], config: CompactionConfig = CompactionConfig(), put=None
+) -> CompactionResult:
     """One pass over one `run_id=/event_type=` directory (see the module docstring). `protected`: files
     the journal names; `put(path, bytes)`: an atomic write (local or S3)."""
     from pipeline.files import write_atomic
@@ -240,9 +251,16 @@ def compact(fs: pafs.FileSystem, directory: str, protected: set[str], config: Co
     return run(compaction_steps(fs, directory, protected, config, put or write_atomic))
 
 
-def compaction_steps(fs: pafs.FileSystem, directory: str, protected: set[str], config: CompactionConfig, put,
-                     clock: Callable[[], float] = time.time, name: str | None = None,
-                     safeguards: Safeguards = SAFE) -> Steps:
+def compaction_steps(
+    fs: pafs.FileSystem,
+    directory: str,
+    protected: set[str],
+    config: CompactionConfig,
+    put,
+    clock: Callable[[], float] = time.time,
+    name: str | None = None,
+    safeguards: Safeguards = SAFE,
+) -> Steps:
     """`compact`, one storage action per step; returns its `CompactionResult`. `clock` dates claims and
     commits; `name`, the pass's id (unique, by default from the time and a random part)."""
     result = CompactionResult()
@@ -262,8 +280,14 @@ def compaction_steps(fs: pafs.FileSystem, directory: str, protected: set[str], c
     if len(small) < config.min_files:
         return result
     cid = name or f"{datetime.now(UTC).strftime('%Y%m%dT%H%M%S%f')}-{uuid.uuid4().hex[:8]}"
-    me = Manifest(f"{directory}/{MANIFEST_PREFIX}{cid}.json", "pending", f"part-compact-{cid}-", frozenset(small),
-                  supersedes=frozenset(m.path for m in supersedes if m.sources & set(small)), at=clock())
+    me = Manifest(
+        f"{directory}/{MANIFEST_PREFIX}{cid}.json",
+        "pending",
+        f"part-compact-{cid}-",
+        frozenset(small),
+        supersedes=frozenset(m.path for m in supersedes if m.sources & set(small)),
+        at=clock(),
+    )
     yield f"claim {me.path}"
     put(me.path, me.doc())
     if not (yield from _still_ours(fs, me, safeguards)):
@@ -282,15 +306,21 @@ def compaction_steps(fs: pafs.FileSystem, directory: str, protected: set[str], c
     return result
 
 
-def _claimable(view: View, live: list[str], protected: set[str], config: CompactionConfig, now: float,
-               safeguards: Safeguards):
+def _claimable(
+    view: View, live: list[str], protected: set[str], config: CompactionConfig, now: float, safeguards: Safeguards
+):
     """Live files no standing claim names (oldest first: a run's first steps first), and the abandoned
     pending claims whose files they include."""
     abandoned = [m for m in view.manifests if m.state == "pending" and now - m.at >= config.abandoned_s]
     standing = [m for m in view.manifests if m.state != "aborted" and m not in abandoned and safeguards.claims]
     claimed = set().union(*(m.sources for m in standing))
-    files = [p for p in live if p not in protected and p not in claimed
-             and (view.paths[p] is None or now - view.paths[p].mtime.timestamp() >= config.min_age_s)]
+    files = [
+        p
+        for p in live
+        if p not in protected
+        and p not in claimed
+        and (view.paths[p] is None or now - view.paths[p].mtime.timestamp() >= config.min_age_s)
+    ]
     return files, abandoned
 
 
@@ -309,8 +339,16 @@ def _still_ours(fs: pafs.FileSystem, me: Manifest, safeguards: Safeguards) -> St
     return not safeguards.claims or (me.sources <= live and me.outputs <= view.paths.keys())
 
 
-def _merge(fs: pafs.FileSystem, me: Manifest, small: list[str], config: CompactionConfig, put,
-           safeguards: Safeguards, result: CompactionResult, outputs: list[str]) -> Steps:
+def _merge(
+    fs: pafs.FileSystem,
+    me: Manifest,
+    small: list[str],
+    config: CompactionConfig,
+    put,
+    safeguards: Safeguards,
+    result: CompactionResult,
+    outputs: list[str],
+) -> Steps:
     """Step 3: the sources' rows, in file order, as `outputs` of about `target_rows` rows (a file is never
     split; one output's rows in memory at a time); False if a source is gone."""
     parts, n = [], 0
@@ -341,8 +379,15 @@ def _give_up(fs: pafs.FileSystem, me: Manifest, outputs, result: CompactionResul
     return result
 
 
-def _finish(fs: pafs.FileSystem, view: View, config: CompactionConfig, now: float, put,
-            result: CompactionResult, safeguards: Safeguards) -> Steps:
+def _finish(
+    fs: pafs.FileSystem,
+    view: View,
+    config: CompactionConfig,
+    now: float,
+    put,
+    result: CompactionResult,
+    safeguards: Safeguards,
+) -> Steps:
     """Step 6 for committed passes past the grace (sources, then the manifest). A pending or committing
     pass that can never commit (a source gone, or committed by another pass) loses its outputs and is
     left a tombstone, so that outputs it may still write stay invisible."""
@@ -354,8 +399,15 @@ def _finish(fs: pafs.FileSystem, view: View, config: CompactionConfig, now: floa
                 yield f"delete {path}"
                 result.deleted += path != m.path
                 _delete(fs, path)
-        elif m.state in ("pending", "committing") and safeguards.claims and (not m.sources <= view.paths.keys() or any(
-                c.sources & m.sources for c in committed) or _legacy_abandoned(m, now, config)):
+        elif (
+            m.state in ("pending", "committing")
+            and safeguards.claims
+            and (
+                not m.sources <= view.paths.keys()
+                or any(c.sources & m.sources for c in committed)
+                or _legacy_abandoned(m, now, config)
+            )
+        ):
             for path in sorted(m.files(view.paths)):
                 yield f"delete {path}"
                 result.deleted += 1
@@ -387,9 +439,10 @@ def _parse(path: str, doc: dict, info: pafs.FileInfo | None) -> Manifest:
     at = doc.get("at", doc.get("committed_at") or doc.get("aborted_at"))
     if at is None:  # a pending manifest from before claims were dated
         at = info.mtime.timestamp() if info is not None else time.time()
-    prefix = doc.get("prefix") or f"part-compact-{name[len(MANIFEST_PREFIX):-len('.json')]}-"
-    return Manifest(path, doc["state"], prefix, full(doc.get("sources")), full(doc.get("outputs")),
-                    full(doc.get("supersedes")), at)
+    prefix = doc.get("prefix") or f"part-compact-{name[len(MANIFEST_PREFIX) : -len('.json')]}-"
+    return Manifest(
+        path, doc["state"], prefix, full(doc.get("sources")), full(doc.get("outputs")), full(doc.get("supersedes")), at
+    )
 
 
 def _sorted_parquet(table: pa.Table, dedupe: bool = True) -> tuple[bytes, int]:
@@ -421,8 +474,9 @@ def _read(fs: pafs.FileSystem, path: str) -> bytes:
         return f.read()
 
 
-def compact_run(fs: pafs.FileSystem, root: str, run_id: str, config: CompactionConfig = CompactionConfig(),
-                put=None) -> dict[str, CompactionResult]:
+def compact_run(
+    fs: pafs.FileSystem, root: str, run_id: str, config: CompactionConfig = CompactionConfig(), put=None
+) -> dict[str, CompactionResult]:
     """`compact` every event type's directory of one run; the journal's named files stay as they are."""
     from pipeline.ledger_journal import Journal
 

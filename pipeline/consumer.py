@@ -52,8 +52,12 @@ which records are already processed (skipped if delivered)."""
 
 
 class _Assigned(ConsumerRebalanceListener):
-    def __init__(self, consumer: EventConsumer, callback: OnAssigned | None,
-                 on_revoked: Callable[[set[tuple[str, int]]], None] | None):
+    def __init__(
+        self,
+        consumer: EventConsumer,
+        callback: OnAssigned | None,
+        on_revoked: Callable[[set[tuple[str, int]]], None] | None,
+    ):
         self.consumer, self.callback, self.revoked = consumer, callback, on_revoked
 
     def on_partitions_revoked(self, revoked) -> None:
@@ -68,8 +72,9 @@ class _Assigned(ConsumerRebalanceListener):
         if self.callback is not None and assigned:
             # runs on the client's IO thread: no blocking consumer call here (a seek would need the
             # committed offset), so records below the floor are dropped in `poll()` instead
-            self.consumer._floors.update(self.callback({(tp.topic, tp.partition) for tp in assigned},
-                                                       self.consumer.cluster_id))
+            self.consumer._floors.update(
+                self.callback({(tp.topic, tp.partition) for tp in assigned}, self.consumer.cluster_id)
+            )
 
 
 class EventConsumer:
@@ -192,8 +197,9 @@ class EventConsumer:
     def _dead_letter(self, record, reason: str):
         # One id per message of one log: sent again after a crash, it is the same dead letter.
         dlq_id = sha256_hex(f"{self._cluster_id}/{record.topic}/{record.partition}/{record.offset}".encode())[:32]
-        self._rejected.append(Rejected(dlq_id, reason, record.topic, record.partition, record.offset,
-                                       record.key, record.value or b""))
+        self._rejected.append(
+            Rejected(dlq_id, reason, record.topic, record.partition, record.offset, record.key, record.value or b"")
+        )
         headers: Headers = [
             ("reason", reason[:2000].encode()),
             ("source_topic", record.topic.encode()),
@@ -224,10 +230,17 @@ class EventConsumer:
             if offsets is None:
                 self._kafka.commit()
             else:
-                self._kafka.commit({TopicPartition(t, p): OffsetAndMetadata(o, "", -1)
-                                    for (t, p), o in offsets.items()})
-        except (CommitFailedError, RebalanceInProgressError, IllegalGenerationError, UnknownMemberIdError,
-                KafkaConnectionError, KafkaTimeoutError):
+                self._kafka.commit(
+                    {TopicPartition(t, p): OffsetAndMetadata(o, "", -1) for (t, p), o in offsets.items()}
+                )
+        except (
+            CommitFailedError,
+            RebalanceInProgressError,
+            IllegalGenerationError,
+            UnknownMemberIdError,
+            KafkaConnectionError,
+            KafkaTimeoutError,
+        ):
             # kafka-python 3 raises the broker's own error when a rebalance starts mid-commit (a second
             # ledger writer joining), and a connection error when the broker is down mid-commit (its
             # restart): uncaught, either killed the running writer (seen in full test runs)
@@ -295,8 +308,12 @@ def read_records(settings: StackSettings, topic: Topic, timeout_s: float = 30.0)
     "The end" is the high watermark that fetch responses carry, not `end_offsets()`: the local broker
     answers ListOffsets with the last batch's base offset + 1, so a reader that trusted it would stop
     short of every record but the first of a final multi-record batch."""
-    kafka = KafkaConsumer(bootstrap_servers=settings.kafka_bootstrap, client_id="awrl-reader",
-                          enable_auto_commit=False, max_partition_fetch_bytes=16 * 1024 * 1024)
+    kafka = KafkaConsumer(
+        bootstrap_servers=settings.kafka_bootstrap,
+        client_id="awrl-reader",
+        enable_auto_commit=False,
+        max_partition_fetch_bytes=16 * 1024 * 1024,
+    )
     try:
         name = topic_name(settings, topic)
         partitions = [TopicPartition(name, p) for p in sorted(kafka.partitions_for_topic(name) or ())]

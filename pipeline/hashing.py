@@ -8,6 +8,7 @@ import hashlib
 def sha256_hex(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
+
 def weights_sha256(state_dict) -> str:
     """Hash of a model's weights: names, dtypes, shapes and raw bytes, in name order.
 

@@ -24,8 +24,9 @@ from pipeline.topics import Topic
 from schemas import Event, decode_event, table_to_events
 
 
-def sent_events(settings: StackSettings, run_id: str, topic: Topic, models: Sequence[type[Event]],
-                client_id: str | None = None) -> list[Event]:
+def sent_events(
+    settings: StackSettings, run_id: str, topic: Topic, models: Sequence[type[Event]], client_id: str | None = None
+) -> list[Event]:
     """The run's events of `models` (all on `topic`), each once: the ledger's, the log's, and what the
     outbox of the producer `client_id` still holds (sent to a broker that then lost it, and not yet
     in the ledger)."""
@@ -50,9 +51,16 @@ def sent_events(settings: StackSettings, run_id: str, topic: Topic, models: Sequ
     return list(found.values())
 
 
-def follow_run(settings: StackSettings, topic: Topic, run_id: str, models: Sequence[type[Event]],
-               on_event: Callable[[Event], None], stop: threading.Event, producer: EventProducer,
-               client_id: str) -> None:
+def follow_run(
+    settings: StackSettings,
+    topic: Topic,
+    run_id: str,
+    models: Sequence[type[Event]],
+    on_event: Callable[[Event], None],
+    stop: threading.Event,
+    producer: EventProducer,
+    client_id: str,
+) -> None:
     """`_follow` of the run's `models` on `topic`, the ledger's past first; each event once
     (a broker that lost its log is read again from its start, where outboxes resend what it lost)."""
     wanted, seen = tuple(models), set()
@@ -67,14 +75,22 @@ def follow_run(settings: StackSettings, topic: Topic, run_id: str, models: Seque
     _follow(settings, topic, run_id, once, stop, producer, client_id=client_id)
 
 
-def _follow(settings: StackSettings, topic: Topic, run_id: str | None, on_event, stop, producer: EventProducer,
-            client_id: str = "follower") -> None:
+def _follow(
+    settings: StackSettings,
+    topic: Topic,
+    run_id: str | None,
+    on_event,
+    stop,
+    producer: EventProducer,
+    client_id: str = "follower",
+) -> None:
     """Call `on_event` for each of the run's events on `topic` (every run's when `run_id` is None), from
     the start of the log, until `stop` (a `threading.Event`) is set. A private consumer group: it sees
     everything and commits nothing. The log alone: what a broker that lost its log no longer holds is
     missing, so `follow_run` (the ledger's past first) is the way to follow a run."""
-    consumer = EventConsumer(settings, f"{client_id}-{run_id or 'all'}-{uuid.uuid4().hex[:8]}", [topic], producer,
-                             client_id=client_id)
+    consumer = EventConsumer(
+        settings, f"{client_id}-{run_id or 'all'}-{uuid.uuid4().hex[:8]}", [topic], producer, client_id=client_id
+    )
     try:
         while not stop.is_set():
             for d in consumer.poll(timeout_ms=300):
@@ -87,6 +103,8 @@ def _follow(settings: StackSettings, topic: Topic, run_id: str | None, on_event,
 def _ledger_past(settings: StackSettings, run_id: str, models: Sequence[type[Event]]) -> Iterator[Event]:
     """The run's events of `models` in the ledger (waiting out a store that is down or full)."""
     for model in models:
-        table = patiently(lambda name=model.__name__: read_events(settings, run_id, name),
-                          f"reading the run's {model.__name__} events from the ledger")
+        table = patiently(
+            lambda name=model.__name__: read_events(settings, run_id, name),
+            f"reading the run's {model.__name__} events from the ledger",
+        )
         yield from table_to_events(table, model)

@@ -77,7 +77,7 @@ def list_parquet(fs: pafs.FileSystem, root: str) -> list[str]:
 
 def _own_folder(root: str, path: str) -> bool:
     """Under a top folder named `_...`: the ledger's own (journal, receipts, dead letters), not events."""
-    return path[len(root):].lstrip("/").startswith("_")
+    return path[len(root) :].lstrip("/").startswith("_")
 
 
 def read_events(settings: StackSettings, run_id: str, event_type: str, columns: list[str] | None = None) -> pa.Table:
@@ -117,8 +117,9 @@ def first_of_each(table: pa.Table) -> pa.Table:
     return table.take(pc.sort_indices(first))
 
 
-def compact_ledger(settings: StackSettings, run_id: str, config: CompactionConfig = CompactionConfig()
-                   ) -> dict[str, CompactionResult]:
+def compact_ledger(
+    settings: StackSettings, run_id: str, config: CompactionConfig = CompactionConfig()
+) -> dict[str, CompactionResult]:
     """Merge one run's small files (`pipeline.compaction`), on the local or S3 ledger."""
     fs, root = ledger_filesystem(settings)
     return compact_run(fs, root, run_id, config, _object_put(settings, fs))
@@ -162,10 +163,15 @@ class LedgerWriter:
         self.lookup = LedgerLookup(self.fs, self.root)
         """Ids of old events in the ledger's files (`pipeline.ledger_resends`)."""
         self._put = _object_put(settings, self.fs)
-        self.journal = Journal(self.fs, self.root, self._patient(self._put, "writing the ledger's journal"),
-                               self._patient(_object_put(settings, self.fs, exclusive=True), "claiming in the journal"))
-        self.chains = Chains(self.journal, self.recent, self._write_claimed,
-                             lambda *r: fetch_range(settings, *r), self._path)
+        self.journal = Journal(
+            self.fs,
+            self.root,
+            self._patient(self._put, "writing the ledger's journal"),
+            self._patient(_object_put(settings, self.fs, exclusive=True), "claiming in the journal"),
+        )
+        self.chains = Chains(
+            self.journal, self.recent, self._write_claimed, lambda *r: fetch_range(settings, *r), self._path
+        )
         self.receipts = ReceiptWriter(self.fs, self.root, self._put)
         """What is in Parquet, by event id, for the producers' outboxes (`pipeline.receipts`)."""
         self._receipts_read = ReceiptReader(self.fs, self.root)
@@ -182,8 +188,13 @@ class LedgerWriter:
         self._assign_error: BaseException | None = None
 
     def _patient(self, put, what: str):
-        return None if put is None else (lambda path, data: patiently(
-            lambda: put(path, data), what, self.config.store_patience_s, self._waited))
+        return (
+            None
+            if put is None
+            else (
+                lambda path, data: patiently(lambda: put(path, data), what, self.config.store_patience_s, self._waited)
+            )
+        )
 
     def _assigned(self, partitions: set[tuple[str, int]], cluster: str | None) -> dict[tuple[str, int], int]:
         """A partition's uncommitted flushes (ours or a dead member's) are in the ledger: skip their ids,
@@ -224,8 +235,9 @@ class LedgerWriter:
             self._revoked |= partitions
         self.chains.revoked(partitions)
 
-    def sync(self, follow: bool = False, idle_exit_s: float = 3.0, on_flush=None,
-             join_timeout_s: float = 60.0, stop=None) -> LedgerStats:
+    def sync(
+        self, follow: bool = False, idle_exit_s: float = 3.0, on_flush=None, join_timeout_s: float = 60.0, stop=None
+    ) -> LedgerStats:
         """Write everything in the log; with `follow`, keep going until interrupted or `stop` (a
         `threading.Event`) is set.
 
@@ -242,9 +254,16 @@ class LedgerWriter:
         flusher = ThreadPoolExecutor(1, thread_name_prefix="ledger-flush")
         try:
             for attempt in itertools.count():
-                consumer = EventConsumer(self.settings, self.config.consumer_group, [TASKS, ROLLOUT, TRAINER],
-                                         producer, client_id="ledger", on_assigned=self._assigned,
-                                         decode=decode_columnar, on_revoked=self._partitions_revoked)
+                consumer = EventConsumer(
+                    self.settings,
+                    self.config.consumer_group,
+                    [TASKS, ROLLOUT, TRAINER],
+                    producer,
+                    client_id="ledger",
+                    on_assigned=self._assigned,
+                    decode=decode_columnar,
+                    on_revoked=self._partitions_revoked,
+                )
                 try:
                     return self._run(consumer, flusher, follow, idle_exit_s, on_flush, join_timeout_s, stop)
                 except AssignmentFailed as exc:
@@ -255,14 +274,22 @@ class LedgerWriter:
                     self._inflight = None
                     self._receipt(force=True)
                     consumer.close()
-                time.sleep(min(0.5 * 2 ** attempt, 10.0))
+                time.sleep(min(0.5 * 2**attempt, 10.0))
         finally:
             flusher.shutdown()
             producer.close()
             gc.unfreeze()
 
-    def _run(self, consumer: EventConsumer, flusher: ThreadPoolExecutor, follow: bool, idle_exit_s: float,
-             on_flush, join_timeout_s: float, stop) -> LedgerStats:
+    def _run(
+        self,
+        consumer: EventConsumer,
+        flusher: ThreadPoolExecutor,
+        follow: bool,
+        idle_exit_s: float,
+        on_flush,
+        join_timeout_s: float,
+        stop,
+    ) -> LedgerStats:
         idle_since = None  # counted from when the group gave us every partition
         started = time.monotonic()
         while stop is None or not stop.is_set():
@@ -357,21 +384,30 @@ class LedgerWriter:
             raise AssignmentFailed("reading the journal of the partitions just assigned failed") from error
         return [d for d in batch if (d.topic, d.partition) not in revoked] if revoked else batch
 
-    def _flush(self, batch: list[Delivered], cluster: str | None = None, rejected: list[Rejected] = (),
-               polled: dict[tuple[str, int], int] | None = None) -> dict[tuple[str, int], list[str]]:
+    def _flush(
+        self,
+        batch: list[Delivered],
+        cluster: str | None = None,
+        rejected: list[Rejected] = (),
+        polled: dict[tuple[str, int], int] | None = None,
+    ) -> dict[tuple[str, int], list[str]]:
         """Write the dead letters, what claims found without their files lack, and each partition's
         new events, claimed first (`pipeline.ledger_claims`); returns the journal entries per partition
         (to delete once the offsets are committed and a receipt names their events)."""
         if rejected:  # the dead-letter topic is in memory too on the local stack: the ledger keeps them
-            self._write_file(f"{self.root}/{DEAD_LETTERS}/part-{datetime.now(UTC):%Y%m%dT%H%M%S%f}-"
-                             f"{uuid.uuid4().hex[:8]}.parquet", dead_letter_table(rejected), "writing dead letters")
+            self._write_file(
+                f"{self.root}/{DEAD_LETTERS}/part-{datetime.now(UTC):%Y%m%dT%H%M%S%f}-{uuid.uuid4().hex[:8]}.parquet",
+                dead_letter_table(rejected),
+                "writing dead letters",
+            )
             self.receipts.add([r.dead_letter_id for r in rejected])
         pending = self.chains.write_pending(cluster)
         self.receipts.add(pending.ids)
         by_source: dict[tuple[str, int], list[Delivered]] = defaultdict(list)
         first, ends = {}, dict(polled or {})  # a partition revoked and given back is not in `polled`
         for source, offset in [((d.topic, d.partition), d.offset) for d in batch] + [
-                ((r.source_topic, r.source_partition), r.source_offset) for r in rejected]:
+            ((r.source_topic, r.source_partition), r.source_offset) for r in rejected
+        ]:
             first[source] = min(first.get(source, offset), offset)
             ends[source] = max(ends.get(source, 0), offset + 1)
         for d in batch:
@@ -379,8 +415,9 @@ class LedgerWriter:
         known = self.lookup.known([d.event for d in batch], self.memory.since)
         entries: dict[tuple[str, int], list[str]] = defaultdict(list)
         for source, end in sorted(ends.items()):
-            placed: Placed = self.chains.place(source, by_source.get(source, []), first.get(source), end, cluster,
-                                               known)
+            placed: Placed = self.chains.place(
+                source, by_source.get(source, []), first.get(source), end, cluster, known
+            )
             entries[source] += placed.entries
             self.stats.duplicates += placed.duplicates
             self.receipts.add(placed.ids)

@@ -79,8 +79,14 @@ class Chains:
     """This writer's position in each partition's chain of claims, the claims it must write for a
     writer that left them, and the placing of a flush's records (the module docstring)."""
 
-    def __init__(self, journal: Journal, recent: RecentIds, write: Callable[[ClaimedFile, list[Event]], None],
-                 fetch: Callable[[str, int, int, int], dict[int, Event]], path_for: Callable[[str, str], str]):
+    def __init__(
+        self,
+        journal: Journal,
+        recent: RecentIds,
+        write: Callable[[ClaimedFile, list[Event]], None],
+        fetch: Callable[[str, int, int, int], dict[int, Event]],
+        path_for: Callable[[str, str], str],
+    ):
         """`write(file, events)`: one file; `fetch(topic, partition, start, end)`: the log's valid
         events in [start, end), by offset; `path_for(run_id, event_type)`: a new file's path."""
         self.journal, self.recent, self.write, self.fetch, self.path_for = journal, recent, write, fetch, path_for
@@ -117,8 +123,15 @@ class Chains:
             self._complete(source, claim, cluster, placed)
         return placed
 
-    def place(self, source: Source, records: list[Delivered], first: int | None, end: int, cluster: str | None,
-              known: set[str]) -> Placed:
+    def place(
+        self,
+        source: Source,
+        records: list[Delivered],
+        first: int | None,
+        end: int,
+        cluster: str | None,
+        known: set[str],
+    ) -> Placed:
         """Claim and write one partition's records of a batch: `records` (offset order) and the
         offsets up to `end` (exclusive) that gave none; `first`: its lowest offset in the batch (the
         chain's start where the journal had no claim of this log); `known`: ids found in the ledger."""
@@ -153,8 +166,9 @@ class Chains:
             self._positions[source] = position
         return placed
 
-    def _plan(self, source: Source, batch: list[Delivered], known: set[str]
-              ) -> tuple[list[ClaimedFile], dict[str, list[Event]], int]:
+    def _plan(
+        self, source: Source, batch: list[Delivered], known: set[str]
+    ) -> tuple[list[ClaimedFile], dict[str, list[Event]], int]:
         """One file per (run, type) of the new events; `RecentIds` is not touched (a lost claim
         plans again)."""
         seen: set[str] = set()
@@ -180,8 +194,12 @@ class Chains:
         placed.entries.append(claim.path)
         missing = [f for f in claim.files if not self.journal.exists(f.path)]
         if missing and (claim.cluster is None or claim.cluster != cluster):
-            log.warning("claim %s lacks %d files and its log is not the live one: its events come again "
-                        "only from their producers' outboxes", claim.path, len(missing))
+            log.warning(
+                "claim %s lacks %d files and its log is not the live one: its events come again "
+                "only from their producers' outboxes",
+                claim.path,
+                len(missing),
+            )
             missing = []
         if missing:
             events = self.fetch(*source, claim.start, claim.end)
@@ -199,13 +217,18 @@ class Chains:
                 placed.ids += ids
 
 
-def fetch_range(settings: StackSettings, topic: str, partition: int, start: int, end: int,
-                timeout_s: float = 120.0) -> dict[int, Event]:
+def fetch_range(
+    settings: StackSettings, topic: str, partition: int, start: int, end: int, timeout_s: float = 120.0
+) -> dict[int, Event]:
     """The valid events at offsets [start, end) of one partition, read without joining a group.
     A position the log no longer holds is reset to its start by the client: the caller checks that
     every offset it needs came."""
-    kafka = KafkaConsumer(bootstrap_servers=settings.kafka_bootstrap, client_id="ledger-claims",
-                          enable_auto_commit=False, max_partition_fetch_bytes=16 * 1024 * 1024)
+    kafka = KafkaConsumer(
+        bootstrap_servers=settings.kafka_bootstrap,
+        client_id="ledger-claims",
+        enable_auto_commit=False,
+        max_partition_fetch_bytes=16 * 1024 * 1024,
+    )
     tp = TopicPartition(topic, partition)
     try:
         kafka.assign([tp])

@@ -19,16 +19,18 @@ DEAD_LETTERS = "_dead_letters"
 def dead_letter_table(rejected: list[Rejected]) -> pa.Table:
     """The ledger's copy of dead-lettered messages, one row each (`read_dead_letters` reads them)."""
     now = datetime.now(UTC)
-    return pa.table({
-        "dead_letter_id": pa.array([r.dead_letter_id for r in rejected], pa.string()),
-        "reason": pa.array([r.reason for r in rejected], pa.string()),
-        "source_topic": pa.array([r.source_topic for r in rejected], pa.string()),
-        "source_partition": pa.array([r.source_partition for r in rejected], pa.int32()),
-        "source_offset": pa.array([r.source_offset for r in rejected], pa.int64()),
-        "key": pa.array([r.key for r in rejected], pa.binary()),
-        "value": pa.array([r.value for r in rejected], pa.binary()),
-        "dead_lettered_at": pa.array([now] * len(rejected), pa.timestamp("us", tz="UTC")),
-    })
+    return pa.table(
+        {
+            "dead_letter_id": pa.array([r.dead_letter_id for r in rejected], pa.string()),
+            "reason": pa.array([r.reason for r in rejected], pa.string()),
+            "source_topic": pa.array([r.source_topic for r in rejected], pa.string()),
+            "source_partition": pa.array([r.source_partition for r in rejected], pa.int32()),
+            "source_offset": pa.array([r.source_offset for r in rejected], pa.int64()),
+            "key": pa.array([r.key for r in rejected], pa.binary()),
+            "value": pa.array([r.value for r in rejected], pa.binary()),
+            "dead_lettered_at": pa.array([now] * len(rejected), pa.timestamp("us", tz="UTC")),
+        }
+    )
 
 
 def read_dead_letters(settings: StackSettings) -> pa.Table:

@@ -127,14 +127,20 @@ class Journal:
     def _dir(self, topic: str, partition: int) -> str:
         return f"{self.root}/{JOURNAL}/{topic}/{partition}"
 
-    def claim(self, topic: str, partition: int, start: int | None, end: int, files: list[ClaimedFile],
-              cluster: str | None) -> tuple[bool, Claim]:
+    def claim(
+        self, topic: str, partition: int, start: int | None, end: int, files: list[ClaimedFile], cluster: str | None
+    ) -> tuple[bool, Claim]:
         """Claim records [start, end) for `files`: (True, the claim), or (False, the claim of another
         writer that holds `start` or a later one). `start` None, or no `cluster`: an entry that claims
         nothing (always made)."""
-        doc = {"start": start, "end": end, "last_offset": end - 1, "cluster": cluster,
-               "files": [f.path for f in files],
-               "rows": {f.path: {"event_type": f.event_type, "offsets": f.offsets} for f in files}}
+        doc = {
+            "start": start,
+            "end": end,
+            "last_offset": end - 1,
+            "cluster": cluster,
+            "files": [f.path for f in files],
+            "rows": {f.path: {"event_type": f.event_type, "offsets": f.offsets} for f in files},
+        }
         if start is None or cluster is None:
             path = f"{self._dir(topic, partition)}/{end - 1:020d}-{uuid.uuid4().hex[:8]}.json"
             self._put(path, json.dumps({**doc, "start": None}).encode())
@@ -150,8 +156,11 @@ class Journal:
                 except FileNotFoundError:  # deleted since, as obsolete: the check below decides
                     continue
         ours = _claim(path, doc)
-        later = [c for c in self.claims(topic, partition) if c.cluster == cluster and c.start is not None
-                 and c.path != path and c.start > start]
+        later = [
+            c
+            for c in self.claims(topic, partition)
+            if c.cluster == cluster and c.start is not None and c.path != path and c.start > start
+        ]
         if later:  # the chain moved on past `start` and deleted the claim this one recreates
             self.delete([path])
             return False, min(later, key=lambda c: c.start)
@@ -185,8 +194,11 @@ class Journal:
         claims = self.claims(topic, partition)
         position = Position(set(), [c.path for c in claims], None)
         complete = {c.path: self._load_ids(c, position.ids) for c in claims}
-        ours = [c for c in claims if cluster is not None and c.cluster == cluster
-                and (c.start is not None or complete[c.path])]
+        ours = [
+            c
+            for c in claims
+            if cluster is not None and c.cluster == cluster and (c.start is not None or complete[c.path])
+        ]
         if ours:
             newest = max(ours, key=lambda c: c.end)
             position.start = newest.end
@@ -237,8 +249,9 @@ class Journal:
 def _claim(path: str, doc: dict) -> Claim:
     rows = doc.get("rows") or {}
     files = tuple(ClaimedFile(p, r["event_type"], tuple(tuple(run) for run in r["offsets"])) for p, r in rows.items())
-    return Claim(path, doc.get("start"), doc.get("end", doc["last_offset"] + 1), doc["cluster"], files,
-                 tuple(doc["files"]))
+    return Claim(
+        path, doc.get("start"), doc.get("end", doc["last_offset"] + 1), doc["cluster"], files, tuple(doc["files"])
+    )
 
 
 def _tag(cluster: str) -> str:

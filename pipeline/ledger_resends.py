@@ -76,8 +76,14 @@ class LedgerLookup:
 
     def _files_after(self, directory: str, after: float) -> list[str]:
         infos = self.fs.get_file_info(pafs.FileSelector(directory, allow_not_found=True))
-        return [i.path for i in infos if i.type == pafs.FileType.File and i.path.endswith(".parquet")
-                and not i.path.endswith(TMP_SUFFIX) and i.mtime.timestamp() >= after]
+        return [
+            i.path
+            for i in infos
+            if i.type == pafs.FileType.File
+            and i.path.endswith(".parquet")
+            and not i.path.endswith(TMP_SUFFIX)
+            and i.mtime.timestamp() >= after
+        ]
 
     def _ids(self, path: str) -> frozenset[str]:
         if path in self._files:

@@ -1,6 +1,6 @@
 """A markdown table, the one way it is built: for the CLI's `--format markdown`, reports and benchmarks.
 
-    "\n".join(markdown_table(["run", "steps"], [["a", "12"], ["b", "7"]]))
+"\n".join(markdown_table(["run", "steps"], [["a", "12"], ["b", "7"]]))
 """
 
 from __future__ import annotations

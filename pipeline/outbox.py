@@ -94,13 +94,15 @@ class Outbox:
         with self._lock:
             self._size += self._db.execute(
                 "INSERT OR IGNORE INTO pending (event_id, topic, key, value, headers, added) VALUES (?, ?, ?, ?, ?, ?)",
-                (event_id, topic, key, value, encoded, time.time())).rowcount
+                (event_id, topic, key, value, encoded, time.time()),
+            ).rowcount
 
     def pending(self) -> list[Pending]:
         """Every event not yet confirmed, oldest first."""
         with self._lock:
             found = self._db.execute(
-                "SELECT event_id, topic, key, value, headers FROM pending ORDER BY added").fetchall()
+                "SELECT event_id, topic, key, value, headers FROM pending ORDER BY added"
+            ).fetchall()
         return [Pending(i, t, k, v, [(n, bytes.fromhex(h)) for n, h in json.loads(hs)]) for i, t, k, v, hs in found]
 
     def ids(self) -> set[str]:
@@ -109,8 +111,12 @@ class Outbox:
             return {i for (i,) in self._db.execute("SELECT event_id FROM pending")}
 
     def _wait_for_room(self) -> None:
-        log.warning("outbox %s holds %d unconfirmed events (its bound): pausing until the ledger confirms "
-                    "some (is the ledger writer running?)", self.path, self._size)
+        log.warning(
+            "outbox %s holds %d unconfirmed events (its bound): pausing until the ledger confirms "
+            "some (is the ledger writer running?)",
+            self.path,
+            self._size,
+        )
         started = time.monotonic()
         while True:
             with self._lock:
@@ -124,14 +130,14 @@ class Outbox:
     def sent(self, event_id: str, cluster: str) -> None:
         """The broker `cluster` acknowledged the event."""
         with self._lock:
-            self._db.execute("UPDATE pending SET cluster = ?, acked = ? WHERE event_id = ?",
-                             (cluster, time.time(), event_id))
+            self._db.execute(
+                "UPDATE pending SET cluster = ?, acked = ? WHERE event_id = ?", (cluster, time.time(), event_id)
+            )
 
     def confirm(self, event_ids: list[str]) -> int:
         """Delete the events the ledger holds (named by its receipts); returns how many were here."""
         with self._lock:
-            deleted = self._db.executemany("DELETE FROM pending WHERE event_id = ?",
-                                           [(i,) for i in event_ids]).rowcount
+            deleted = self._db.executemany("DELETE FROM pending WHERE event_id = ?", [(i,) for i in event_ids]).rowcount
             self._size = self._count()
             return max(deleted, 0)
 
@@ -141,8 +147,9 @@ class Outbox:
             added = self._db.execute("SELECT min(added) FROM pending").fetchone()[0]
         return 0.0 if added is None else time.time() - added
 
-    def to_resend(self, live: str, unacked_after_s: float, unconfirmed_after_s: float,
-                  skip: set[str] = frozenset()) -> list[Pending]:
+    def to_resend(
+        self, live: str, unacked_after_s: float, unconfirmed_after_s: float, skip: set[str] = frozenset()
+    ) -> list[Pending]:
         """Events acknowledged by another cluster than `live` (a broker that lost its log), events
         never acknowledged added more than `unacked_after_s` ago and not in `skip` (in flight here),
         and events acknowledged but unconfirmed for `unconfirmed_after_s`."""
@@ -151,15 +158,21 @@ class Outbox:
             found = self._db.execute(
                 "SELECT event_id, topic, key, value, headers FROM pending "
                 "WHERE (acked IS NOT NULL AND (cluster IS NOT ? OR acked < ?)) OR (acked IS NULL AND added < ?) "
-                "ORDER BY added", (live, now - unconfirmed_after_s, now - unacked_after_s)).fetchall()
-        return [Pending(i, t, k, v, [(n, bytes.fromhex(h)) for n, h in json.loads(hs)])
-                for i, t, k, v, hs in found if i not in skip]
+                "ORDER BY added",
+                (live, now - unconfirmed_after_s, now - unacked_after_s),
+            ).fetchall()
+        return [
+            Pending(i, t, k, v, [(n, bytes.fromhex(h)) for n, h in json.loads(hs)])
+            for i, t, k, v, hs in found
+            if i not in skip
+        ]
 
     def forget_sends(self, event_ids: list[str]) -> None:
         """Mark events as not acknowledged (about to be sent again)."""
         with self._lock:
-            self._db.executemany("UPDATE pending SET cluster = NULL, acked = NULL WHERE event_id = ?",
-                                 [(i,) for i in event_ids])
+            self._db.executemany(
+                "UPDATE pending SET cluster = NULL, acked = NULL WHERE event_id = ?", [(i,) for i in event_ids]
+            )
 
     def close(self) -> None:
         with self._lock:
@@ -170,8 +183,16 @@ class Reconciler:
     """Every `every_s`: confirm what the ledger's receipts name, and send again what a lost broker or
     a failed send left out. A thread of the producer that owns the outbox."""
 
-    def __init__(self, outbox: Outbox, receipts: ReceiptReader, live_cluster, resend, every_s: float = 2.0,
-                 unacked_after_s: float = UNACKED_AFTER_S, unconfirmed_after_s: float = KEEP_S):
+    def __init__(
+        self,
+        outbox: Outbox,
+        receipts: ReceiptReader,
+        live_cluster,
+        resend,
+        every_s: float = 2.0,
+        unacked_after_s: float = UNACKED_AFTER_S,
+        unconfirmed_after_s: float = KEEP_S,
+    ):
         """`live_cluster()`: the broker's cluster id, read by a fresh connection (None: unreachable);
         `resend(pending)`: send one event again."""
         self.outbox, self.receipts, self.live_cluster, self.resend = outbox, receipts, live_cluster, resend
@@ -201,8 +222,7 @@ class Reconciler:
         cluster = self.live_cluster()
         if cluster is None:
             return
-        again = self.outbox.to_resend(cluster, self.unacked_after_s, self.unconfirmed_after_s,
-                                      skip=set(self.inflight))
+        again = self.outbox.to_resend(cluster, self.unacked_after_s, self.unconfirmed_after_s, skip=set(self.inflight))
         if again:
             self.outbox.forget_sends([p.event_id for p in again])
             for pending in again:

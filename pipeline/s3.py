@@ -49,8 +49,9 @@ def store_trouble(exc: BaseException) -> str | None:
     return None
 
 
-def patiently(fn: Callable[[], T], what: str, patience_s: float = STORE_PATIENCE_S,
-              on_wait: Callable[[float], None] | None = None) -> T:
+def patiently(
+    fn: Callable[[], T], what: str, patience_s: float = STORE_PATIENCE_S, on_wait: Callable[[float], None] | None = None
+) -> T:
     """`fn()`, retried with backoff while the store is unreachable or full, for up to `patience_s`.
 
     The paper's system deadlocked when its screenshot disk filled up. Here a writer pauses, says
@@ -64,24 +65,32 @@ def patiently(fn: Callable[[], T], what: str, patience_s: float = STORE_PATIENCE
     def before_sleep(state: tenacity.RetryCallState) -> None:
         exc = state.outcome.exception()
         if time.monotonic() - last_said[0] > 30:
-            log.warning("object store %s while %s (%s); paused, retrying for up to %.0f s",
-                        store_trouble(exc), what, _short(exc), patience_s - (time.monotonic() - started))
+            log.warning(
+                "object store %s while %s (%s); paused, retrying for up to %.0f s",
+                store_trouble(exc),
+                what,
+                _short(exc),
+                patience_s - (time.monotonic() - started),
+            )
             last_said[0] = time.monotonic()
         paused[0] = True
 
     try:
         for attempt in tenacity.Retrying(
             retry=tenacity.retry_if_exception(lambda e: store_trouble(e) is not None),
-            wait=tenacity.wait_exponential(multiplier=0.25, max=5), stop=tenacity.stop_after_delay(patience_s),
-            before_sleep=before_sleep, reraise=True,
+            wait=tenacity.wait_exponential(multiplier=0.25, max=5),
+            stop=tenacity.stop_after_delay(patience_s),
+            before_sleep=before_sleep,
+            reraise=True,
         ):
             with attempt:
                 return fn()
     except Exception as exc:
         if store_trouble(exc) is None:
             raise
-        raise StoreUnavailable(f"object store {store_trouble(exc)} for {time.monotonic() - started:.0f} s "
-                               f"while {what}: {_short(exc)}") from exc
+        raise StoreUnavailable(
+            f"object store {store_trouble(exc)} for {time.monotonic() - started:.0f} s while {what}: {_short(exc)}"
+        ) from exc
     finally:
         if paused[0] and on_wait is not None:
             on_wait(time.monotonic() - started)
@@ -99,12 +108,15 @@ def minio_client(settings: StackSettings) -> Minio:
     to `patiently`, which logs it and decides how long to wait."""
     access, secret = settings.s3_credentials()
     http = urllib3.PoolManager(
-        timeout=urllib3.Timeout(connect=10, read=STORE_READ_TIMEOUT_S), maxsize=10,
-        cert_reqs="CERT_REQUIRED", ca_certs=os.environ.get("SSL_CERT_FILE") or certifi.where(),
+        timeout=urllib3.Timeout(connect=10, read=STORE_READ_TIMEOUT_S),
+        maxsize=10,
+        cert_reqs="CERT_REQUIRED",
+        ca_certs=os.environ.get("SSL_CERT_FILE") or certifi.where(),
         retries=urllib3.Retry(total=5, read=0, backoff_factor=0.2, status_forcelist=[500, 502, 503, 504]),
     )
-    return Minio(settings.s3_endpoint, access_key=access, secret_key=secret, secure=settings.s3_secure,
-                 http_client=http)
+    return Minio(
+        settings.s3_endpoint, access_key=access, secret_key=secret, secure=settings.s3_secure, http_client=http
+    )
 
 
 def remove_bucket(settings: StackSettings) -> None:
@@ -125,8 +137,13 @@ def ledger_filesystem(settings: StackSettings, create: bool = True) -> tuple[paf
     uri = settings.ledger_uri
     if uri.startswith("s3://"):
         access, secret = settings.s3_credentials()
-        fs = pafs.S3FileSystem(access_key=access, secret_key=secret, endpoint_override=settings.s3_endpoint,
-                               scheme="https" if settings.s3_secure else "http", region="us-east-1")
+        fs = pafs.S3FileSystem(
+            access_key=access,
+            secret_key=secret,
+            endpoint_override=settings.s3_endpoint,
+            scheme="https" if settings.s3_secure else "http",
+            region="us-east-1",
+        )
         return fs, uri.removeprefix("s3://").rstrip("/")
     path = os.path.abspath(uri.removeprefix("file://"))
     if create:

@@ -34,8 +34,9 @@ class StackSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="AWRL_", env_file=DOTENV, extra="ignore", frozen=True)
 
     @classmethod
-    def settings_customise_sources(cls, settings_cls, init_settings, env_settings, dotenv_settings,
-                                   file_secret_settings) -> tuple[PydanticBaseSettingsSource, ...]:
+    def settings_customise_sources(
+        cls, settings_cls, init_settings, env_settings, dotenv_settings, file_secret_settings
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
         # pydantic-settings: the later of several env files wins, and the environment beats them all.
         if dotenv_settings.env_file == DOTENV:  # not overridden by `_env_file`
             dotenv_settings = DotEnvSettingsSource(settings_cls, env_file=(stack_dir() / "stack.env", DOTENV))

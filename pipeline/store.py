@@ -52,8 +52,9 @@ class StoreStats:
 
 
 class ScreenshotStore:
-    def __init__(self, client: Minio, bucket: str, prefix: str = "screenshots/sha256",
-                 patience_s: float = STORE_PATIENCE_S):
+    def __init__(
+        self, client: Minio, bucket: str, prefix: str = "screenshots/sha256", patience_s: float = STORE_PATIENCE_S
+    ):
         self.client = client
         self.bucket = bucket
         self.prefix = prefix
@@ -95,9 +96,14 @@ class ScreenshotStore:
         if patiently(lambda: self.exists(digest), "checking a screenshot", self.patience_s, self._waited):
             self.stats.dedup_hits += 1
             return digest
-        patiently(lambda: self.client.put_object(self.bucket, self.key(digest), io.BytesIO(data), len(data),
-                                                 content_type=content_type),
-                  "storing a screenshot", self.patience_s, self._waited)
+        patiently(
+            lambda: self.client.put_object(
+                self.bucket, self.key(digest), io.BytesIO(data), len(data), content_type=content_type
+            ),
+            "storing a screenshot",
+            self.patience_s,
+            self._waited,
+        )
         self.stats.puts += 1
         self.stats.bytes_uploaded += len(data)
         return digest
@@ -133,4 +139,3 @@ class ScreenshotStore:
         unique = list(dict.fromkeys(hashes))
         with ThreadPoolExecutor(max_workers=workers) as pool:
             return dict(zip(unique, pool.map(self.get, unique)))
-

@@ -13,8 +13,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-TOKEN_SUMMARY = pa.schema([("response_tokens", pa.int64()), ("token_version_min", pa.int64()),
-                           ("token_version_max", pa.int64()), ("token_version_sum", pa.int64())])
+TOKEN_SUMMARY = pa.schema(
+    [
+        ("response_tokens", pa.int64()),
+        ("token_version_min", pa.int64()),
+        ("token_version_max", pa.int64()),
+        ("token_version_sum", pa.int64()),
+    ]
+)
 """Response tokens of the step, and the min / max / sum of their policy versions (null without tokens)."""
 
 
@@ -26,8 +32,11 @@ def with_summaries(event_type: str, table: pa.Table) -> pa.Table:
     versions = table.column("token_policy_versions").combine_chunks()
     n = len(versions)
     counts = pc.list_value_length(versions).fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
-    stats = pa.table({"row": pc.list_parent_indices(versions), "v": pc.list_flatten(versions)}).group_by(
-        "row").aggregate([("v", "min"), ("v", "max"), ("v", "sum")])
+    stats = (
+        pa.table({"row": pc.list_parent_indices(versions), "v": pc.list_flatten(versions)})
+        .group_by("row")
+        .aggregate([("v", "min"), ("v", "max"), ("v", "sum")])
+    )
     rows = stats.column("row").to_numpy()
     has = np.zeros(n, dtype=bool)
     has[rows] = True

@@ -52,8 +52,9 @@ class Parsed:
     action: Action
 
 
-def parse_response(text: str, memory: dict[str, str], allowed_hosts: frozenset[str],
-                   viewport: tuple[int, int] | None = None) -> Parsed:
+def parse_response(
+    text: str, memory: dict[str, str], allowed_hosts: frozenset[str], viewport: tuple[int, int] | None = None
+) -> Parsed:
     """Thought, memory and action of one response; `viewport` (width, height) bounds click coordinates."""
     if len(text) > MAX_RESPONSE:
         return Parsed("", memory, _invalid(f"response longer than {MAX_RESPONSE} characters"))
@@ -96,7 +97,8 @@ def _problem(action: Action, allowed_hosts: frozenset[str], viewport: tuple[int,
         if value is not None and _BAD_CHARS.search(value):
             return f"{name} holds control characters or lone surrogates"
     return _range_problem(action, viewport) or (
-        _goto_problem(action.url or "", allowed_hosts) if action.kind == "goto" else None)
+        _goto_problem(action.url or "", allowed_hosts) if action.kind == "goto" else None
+    )
 
 
 def _range_problem(action: Action, viewport: tuple[int, int] | None) -> str | None:
@@ -143,8 +145,10 @@ def _printable(value: str) -> str:
 def _as_memory(value) -> dict[str, str]:
     if not isinstance(value, dict):
         return {}
-    return {_printable(str(k)): _printable(v if isinstance(v, str) else json.dumps(v, ensure_ascii=False))
-            for k, v in value.items()}
+    return {
+        _printable(str(k)): _printable(v if isinstance(v, str) else json.dumps(v, ensure_ascii=False))
+        for k, v in value.items()
+    }
 
 
 def _first_json_object(text: str):

@@ -19,9 +19,17 @@ from playwright.async_api import Browser, BrowserContext, Playwright
 
 CHROMIUM = os.environ.get("AWRL_CHROMIUM", "/usr/bin/chromium")
 FLAGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-    "--disable-component-update", "--disable-sync", "--disable-quic", "--no-first-run",
-    "--disable-dev-shm-usage", "--hide-scrollbars", "--mute-audio",
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-dev-shm-usage",
+    "--hide-scrollbars",
+    "--mute-audio",
 ]
 
 
@@ -54,7 +62,8 @@ class BrowserWorker:
         self.kill()
         marker = f"--awrl-browser={self.worker_id}-{uuid.uuid4().hex[:8]}"
         self.browser = await self.pw.chromium.launch(
-            executable_path=self.config.executable, args=[*FLAGS, marker],
+            executable_path=self.config.executable,
+            args=[*FLAGS, marker],
             timeout=self.config.launch_timeout_s * 1000,
         )
         self.pid = _find_pid(marker)

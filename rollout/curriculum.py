@@ -80,8 +80,13 @@ class Curriculum(Iterator[Task]):
     """An endless task iterator (what `rollout.dispatcher.dispatch` consumes) steered by outcomes.
     Thread-safe: the dispatcher draws while the follower records."""
 
-    def __init__(self, tasks: list[Task], config: CurriculumConfig = CurriculumConfig(), seed: int = 0,
-                 family_of: dict[str, str] | None = None):
+    def __init__(
+        self,
+        tasks: list[Task],
+        config: CurriculumConfig = CurriculumConfig(),
+        seed: int = 0,
+        family_of: dict[str, str] | None = None,
+    ):
         """`family_of`: task id -> family for outcomes of tasks outside `tasks` (e.g. the test seeds an
         evaluation ran); the families of `tasks` are known already."""
         if not tasks:

@@ -75,22 +75,32 @@ def task_stream(tasks: list[Task], seed: int = 0) -> Iterator[Task]:
         yield from order
 
 
-def dispatch(producer: EventProducer, run_id: str, tasks: Iterator[Task], groups: int, group_size: int,
-             version: int = 0) -> list[TaskGroupDispatched]:
+def dispatch(
+    producer: EventProducer, run_id: str, tasks: Iterator[Task], groups: int, group_size: int, version: int = 0
+) -> list[TaskGroupDispatched]:
     """Publish `groups` task groups and wait for the broker to acknowledge them."""
     events = []
     for _ in range(groups):
         t = next(tasks)
-        events.append(TaskGroupDispatched(
-            run_id=run_id, group_id=uuid.uuid4().hex, task_id=t.task_id, suite=t.suite, seed=t.seed,
-            group_size=group_size, horizon=t.horizon, dispatched_at_version=version,
-        ))
+        events.append(
+            TaskGroupDispatched(
+                run_id=run_id,
+                group_id=uuid.uuid4().hex,
+                task_id=t.task_id,
+                suite=t.suite,
+                seed=t.seed,
+                group_size=group_size,
+                horizon=t.horizon,
+                dispatched_at_version=version,
+            )
+        )
     producer.publish_all(events)
     return events
 
 
-def follow_trainer(settings: StackSettings, run_id: str, budget: Admission, stop: threading.Event,
-                   producer: EventProducer) -> None:
+def follow_trainer(
+    settings: StackSettings, run_id: str, budget: Admission, stop: threading.Event, producer: EventProducer
+) -> None:
     """Feed `budget` from the run's trainer events (its past first, each once) until `stop` is set."""
 
     def on_event(e) -> None:
@@ -99,20 +109,32 @@ def follow_trainer(settings: StackSettings, run_id: str, budget: Admission, stop
         else:
             budget.rejected(1)
 
-    follow_run(settings, TRAINER, run_id, [PolicyVersionPublished, GroupDropped], on_event, stop, producer,
-               client_id="dispatcher")
+    follow_run(
+        settings,
+        TRAINER,
+        run_id,
+        [PolicyVersionPublished, GroupDropped],
+        on_event,
+        stop,
+        producer,
+        client_id="dispatcher",
+    )
 
 
-def dispatch_loop(settings, pool: RolloutPool, run_id, tasks, req: RolloutRequest, groups, stop,
-                  budget: Admission | None) -> None:
+def dispatch_loop(
+    settings, pool: RolloutPool, run_id, tasks, req: RolloutRequest, groups, stop, budget: Admission | None
+) -> None:
     """Keep a small backlog of groups ahead of the pool (finite runs dispatch exactly `groups`), within
     the staleness budget when one is set."""
     producer = EventProducer(settings, client_id="dispatcher")
     if budget is not None:
         threading.Thread(target=follow_trainer, args=(settings, run_id, budget, stop, producer), daemon=True).start()
     if isinstance(tasks, FedByOutcomes):  # this run's outcomes, from the start of its log
-        threading.Thread(target=follow_run, args=(settings, ROLLOUT, run_id, [GroupCompleted], tasks.on_event, stop,
-                                                  producer, "curriculum"), daemon=True).start()
+        threading.Thread(
+            target=follow_run,
+            args=(settings, ROLLOUT, run_id, [GroupCompleted], tasks.on_event, stop, producer, "curriculum"),
+            daemon=True,
+        ).start()
     backlog = max(2, 2 * req.workers // req.group_size)
     stats = pool.stats
     try:
@@ -140,7 +162,10 @@ def _dispatch_one(producer: EventProducer, run_id: str, tasks, group_size: int, 
         dispatch(producer, run_id, tasks, 1, group_size, version=version)
     except KafkaError as exc:
         kept = producer.outbox is not None
-        log.warning("task group not acknowledged by the broker (%s): %s", type(exc).__name__,
-                    "its outbox sends it again" if kept else "dispatching another")
+        log.warning(
+            "task group not acknowledged by the broker (%s): %s",
+            type(exc).__name__,
+            "its outbox sends it again" if kept else "dispatching another",
+        )
         return int(kept)
     return 1

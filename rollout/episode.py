@@ -71,8 +71,15 @@ async def run_episode(ctx: EpisodeContext, task: Task, group_id: str) -> Episode
 
     def start(instruction: str) -> None:
         nonlocal started
-        ctx.emit(EpisodeStarted(**ids, worker_id=ctx.worker.worker_id, instruction=instruction,
-                                horizon=task.horizon, policy_version=ctx.policy.version))
+        ctx.emit(
+            EpisodeStarted(
+                **ids,
+                worker_id=ctx.worker.worker_id,
+                instruction=instruction,
+                horizon=task.horizon,
+                policy_version=ctx.policy.version,
+            )
+        )
         started = True
 
     try:
@@ -94,8 +101,7 @@ async def run_episode(ctx: EpisodeContext, task: Task, group_id: str) -> Episode
         if screen is not None:
             await screen.close()
     reward = 1.0 if outcome == "success" else ctx.config.malformed_reward if recorded[1] else 0.0
-    finished = EpisodeFinished(**ids, outcome=outcome, reward=reward,
-                               num_steps=steps, reason=reason, answer=answer)
+    finished = EpisodeFinished(**ids, outcome=outcome, reward=reward, num_steps=steps, reason=reason, answer=answer)
     ctx.emit(finished)
     return finished
 
@@ -119,26 +125,54 @@ async def _loop(ctx: EpisodeContext, screen: Screen, task: Task, instruction: st
         png, marks = await asyncio.wait_for(screen.observe(cfg.som), cfg.step_timeout_s)
         sha = await ctx.put_screenshot(png)
         shots.append((png, sha))
-        obs = Observation(instruction=instruction, screenshots=[s[0] for s in shots],
-                          screenshot_sha256=[s[1] for s in shots], url=screen.url, feedback=feedback,
-                          history=list(history), memory=dict(memory), marks=marks, som=cfg.som, step=step,
-                          horizon=task.horizon, task=task, viewport=screen.viewport)
+        obs = Observation(
+            instruction=instruction,
+            screenshots=[s[0] for s in shots],
+            screenshot_sha256=[s[1] for s in shots],
+            url=screen.url,
+            feedback=feedback,
+            history=list(history),
+            memory=dict(memory),
+            marks=marks,
+            som=cfg.som,
+            step=step,
+            horizon=task.horizon,
+            task=task,
+            viewport=screen.viewport,
+        )
         t0 = time.perf_counter()
         version = ctx.policy.version
         out = await asyncio.wait_for(ctx.policy.act(obs), cfg.step_timeout_s)
         policy_s = time.perf_counter() - t0
         parsed = parse_response(out.response_text, memory, cfg.allowed_hosts, obs.viewport)
         done = await asyncio.wait_for(screen.execute(parsed.action, marks), cfg.step_timeout_s)
-        ctx.emit(StepRecorded(
-            **ids, step=step, screenshot_sha256=sha, url=obs.url, action=parsed.action,
-            response_text=_encodable(out.response_text), memory=parsed.memory, prompt_token_ids=out.prompt_token_ids,
-            prompt_screenshot_sha256=obs.screenshot_sha256, response_token_ids=out.response_token_ids,
-            behave_logprobs=out.logprobs, token_policy_versions=out.token_policy_versions, policy_version=version,
-            env_feedback=done.feedback, error_class=done.error_class,
-            timings=StepTimings(policy_s=policy_s, browser_s=done.browser_s, wait_s=done.wait_s),
-            marks=[StepMark(id=m.id, role=m.role, name=_encodable(m.name), x=m.x, y=m.y, width=m.width,
-                            height=m.height) for m in marks], marks_drawn=cfg.som,
-        ))
+        ctx.emit(
+            StepRecorded(
+                **ids,
+                step=step,
+                screenshot_sha256=sha,
+                url=obs.url,
+                action=parsed.action,
+                response_text=_encodable(out.response_text),
+                memory=parsed.memory,
+                prompt_token_ids=out.prompt_token_ids,
+                prompt_screenshot_sha256=obs.screenshot_sha256,
+                response_token_ids=out.response_token_ids,
+                behave_logprobs=out.logprobs,
+                token_policy_versions=out.token_policy_versions,
+                policy_version=version,
+                env_feedback=done.feedback,
+                error_class=done.error_class,
+                timings=StepTimings(policy_s=policy_s, browser_s=done.browser_s, wait_s=done.wait_s),
+                marks=[
+                    StepMark(
+                        id=m.id, role=m.role, name=_encodable(m.name), x=m.x, y=m.y, width=m.width, height=m.height
+                    )
+                    for m in marks
+                ],
+                marks_drawn=cfg.som,
+            )
+        )
         recorded[0] += 1
         recorded[1] += done.error_class in MALFORMED
         history.append(PastStep(parsed.thought, parsed.memory, describe(parsed.action), done.feedback))

@@ -84,9 +84,15 @@ def orphans(path: Path) -> list[EpisodeFinished]:
     return [
         EpisodeFinished(
             event_id=uuid.uuid5(uuid.NAMESPACE_URL, f"awrl:orphan:{tid}").hex,
-            run_id=e["run_id"], trajectory_id=tid, group_id=e["group_id"], task_id=e["task_id"],
-            outcome="env_error", reward=0.0, num_steps=steps.get(tid, 0),
-            reason=f"rollout process {pid} died mid-episode (its group is re-run)", answer=None,
+            run_id=e["run_id"],
+            trajectory_id=tid,
+            group_id=e["group_id"],
+            task_id=e["task_id"],
+            outcome="env_error",
+            reward=0.0,
+            num_steps=steps.get(tid, 0),
+            reason=f"rollout process {pid} died mid-episode (its group is re-run)",
+            answer=None,
         )
         for tid, e in started.items()
     ]

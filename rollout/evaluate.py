@@ -116,15 +116,37 @@ class EvalConfig:
                 raise ValueError(f"{name.replace('_', '-')}: must be at least 1, got {value}")
 
 
-def evaluate(settings: StackSettings, policy: str = "local", model_dir: Path | None = None, suite: str = "sites",
-             split: str = "heldout", difficulty: str | None = "easy", episodes: int = 100, workers: int = 2,
-             som: bool = True, temperature: float = 1.0, run_id: str = "", show_progress: bool = True,
-             templates: tuple[str, ...] | None = None) -> EvalResult:
+def evaluate(
+    settings: StackSettings,
+    policy: str = "local",
+    model_dir: Path | None = None,
+    suite: str = "sites",
+    split: str = "heldout",
+    difficulty: str | None = "easy",
+    episodes: int = 100,
+    workers: int = 2,
+    som: bool = True,
+    temperature: float = 1.0,
+    run_id: str = "",
+    show_progress: bool = True,
+    templates: tuple[str, ...] | None = None,
+) -> EvalResult:
     """Run `episodes` single-episode groups of the split's tasks; the run is in the event log like any other."""
     run_id = run_id or f"eval-{uuid.uuid4().hex[:8]}"
-    req = RolloutRequest(suite=suite, policy=policy, workers=workers, group_size=1, episodes=episodes, split=split,
-                         difficulty=difficulty, run_id=run_id, model_dir=model_dir, temperature=temperature,
-                         episode=EpisodeConfig(som=som), templates=templates)
+    req = RolloutRequest(
+        suite=suite,
+        policy=policy,
+        workers=workers,
+        group_size=1,
+        episodes=episodes,
+        split=split,
+        difficulty=difficulty,
+        run_id=run_id,
+        model_dir=model_dir,
+        temperature=temperature,
+        episode=EpisodeConfig(som=som),
+        templates=templates,
+    )
     stats = run_rollout(settings, req, show_progress)
     return EvalResult(run_id, stats.episodes, stats.successes)
 
@@ -136,9 +158,15 @@ INSTANCE_SEED = 0
 of the same configuration is measured on the same held-out instances."""
 
 
-def paired_difference(a_successes: Sequence[int], a_episodes: Sequence[int], b_successes: Sequence[int],
-                      b_episodes: Sequence[int], resamples: int = 2000, seed: int = 0,
-                      level: float = 0.95) -> tuple[float, float, float]:
+def paired_difference(
+    a_successes: Sequence[int],
+    a_episodes: Sequence[int],
+    b_successes: Sequence[int],
+    b_episodes: Sequence[int],
+    resamples: int = 2000,
+    seed: int = 0,
+    level: float = 0.95,
+) -> tuple[float, float, float]:
     """(b - a, low, high): the difference of two success rates measured on the same instances, with a
     percentile bootstrap interval (Efron & Tibshirani 1993) clustered by instance: the unit resampled is
     the instance, not the episode (paired differences and clustered errors, as Miller 2024, "Adding
@@ -156,8 +184,9 @@ def paired_difference(a_successes: Sequence[int], a_episodes: Sequence[int], b_s
         raise ValueError("no instances to compare")
     diff = b_k.sum() / max(b_n.sum(), 1) - a_k.sum() / max(a_n.sum(), 1)
     draws = np.random.default_rng(seed).integers(0, len(a_k), size=(resamples, len(a_k)))  # [resamples, instances]
-    replicates = (b_k[draws].sum(1) / np.maximum(b_n[draws].sum(1), 1)
-                  - a_k[draws].sum(1) / np.maximum(a_n[draws].sum(1), 1))  # [resamples]
+    replicates = b_k[draws].sum(1) / np.maximum(b_n[draws].sum(1), 1) - a_k[draws].sum(1) / np.maximum(
+        a_n[draws].sum(1), 1
+    )  # [resamples]
     low, high = np.quantile(replicates, [(1 - level) / 2, (1 + level) / 2])
     return float(diff), float(low), float(high)
 
@@ -209,13 +238,15 @@ class InstanceCounts:
             raise ValueError(f"{self.label} and {other.label} ran different instances: not a paired comparison")
         theirs = dict(zip(other.task_ids, zip(other.successes, other.episodes)))
         a = [theirs[t] for t in self.task_ids]
-        diff, low, high = paired_difference([k for k, _ in a], [n for _, n in a], self.successes, self.episodes,
-                                            resamples, seed)
+        diff, low, high = paired_difference(
+            [k for k, _ in a], [n for _, n in a], self.successes, self.episodes, resamples, seed
+        )
         return Difference(self.label, other.label, diff, (low, high), len(self.task_ids))
 
     def __str__(self) -> str:
-        return (f"{self.total}, invalid actions {self.invalid_share:.3f}"
-                + (f", {self.env_errors} env errors" if self.env_errors else ""))
+        return f"{self.total}, invalid actions {self.invalid_share:.3f}" + (
+            f", {self.env_errors} env errors" if self.env_errors else ""
+        )
 
 
 @dataclass(frozen=True)
@@ -230,8 +261,10 @@ class Difference:
 
     def __str__(self) -> str:
         lo, hi = self.ci95
-        return (f"{self.minuend} - {self.subtrahend}: {self.diff:+.3f} (95% CI {lo:+.3f} to {hi:+.3f}, "
-                f"paired bootstrap over {self.instances} instances)")
+        return (
+            f"{self.minuend} - {self.subtrahend}: {self.diff:+.3f} (95% CI {lo:+.3f} to {hi:+.3f}, "
+            f"paired bootstrap over {self.instances} instances)"
+        )
 
 
 @dataclass(frozen=True)
@@ -245,46 +278,91 @@ class PairedEvaluation:
         return [p.minus(self.policies[0]) for p in self.policies[1:]]
 
 
-def instance_ids(suite: SuiteName, split: Split, difficulty: Difficulty | None = None,
-                 templates: tuple[str, ...] | None = None, instances: int | None = None,
-                 seed: int = INSTANCE_SEED) -> tuple[str, ...]:
+def instance_ids(
+    suite: SuiteName,
+    split: Split,
+    difficulty: Difficulty | None = None,
+    templates: tuple[str, ...] | None = None,
+    instances: int | None = None,
+    seed: int = INSTANCE_SEED,
+) -> tuple[str, ...]:
     """The evaluated instances: the first `instances` (None: all) of a seeded shuffle of the split's
     tasks of `difficulty` and `templates`. The same arguments give the same ids."""
-    tasks = [t.task_id for t in make_suite(suite).tasks(split) if difficulty in (None, t.difficulty)
-             and (templates is None or t.template in templates)]
+    tasks = [
+        t.task_id
+        for t in make_suite(suite).tasks(split)
+        if difficulty in (None, t.difficulty) and (templates is None or t.template in templates)
+    ]
     if not tasks:
-        raise ValueError(f"no {suite} tasks in split {split!r}" + (f" of difficulty {difficulty}" if difficulty else "")
-                         + (f" and templates {', '.join(templates)}" if templates else ""))
+        raise ValueError(
+            f"no {suite} tasks in split {split!r}"
+            + (f" of difficulty {difficulty}" if difficulty else "")
+            + (f" and templates {', '.join(templates)}" if templates else "")
+        )
     random.Random(seed).shuffle(tasks)
     return tuple(tasks[:instances])
 
 
-def run_instances(settings: StackSettings, policy: EvalPolicy, task_ids: Sequence[str], samples: int,
-                  suite: SuiteName, split: Split, run_id: str, workers: int = 2, som: bool = True,
-                  show_progress: bool = True) -> PoolStats:
+def run_instances(
+    settings: StackSettings,
+    policy: EvalPolicy,
+    task_ids: Sequence[str],
+    samples: int,
+    suite: SuiteName,
+    split: Split,
+    run_id: str,
+    workers: int = 2,
+    som: bool = True,
+    show_progress: bool = True,
+) -> PoolStats:
     """Run each instance once as a group of `samples` episodes (`policy.samples` if set) under `run_id`."""
     samples = policy.samples or samples
-    return run_rollout(settings, RolloutRequest(
-        suite=suite, policy=policy.policy, workers=workers, group_size=samples, episodes=len(task_ids) * samples,
-        split=split, task_ids=tuple(task_ids), run_id=run_id, model_dir=policy.model_dir,
-        temperature=policy.temperature, episode=EpisodeConfig(som=som)), show_progress)
+    return run_rollout(
+        settings,
+        RolloutRequest(
+            suite=suite,
+            policy=policy.policy,
+            workers=workers,
+            group_size=samples,
+            episodes=len(task_ids) * samples,
+            split=split,
+            task_ids=tuple(task_ids),
+            run_id=run_id,
+            model_dir=policy.model_dir,
+            temperature=policy.temperature,
+            episode=EpisodeConfig(som=som),
+        ),
+        show_progress,
+    )
 
 
-def read_instances(settings: StackSettings, run_id: str, task_ids: Sequence[str], label: str = "",
-                   temperature: float = 1.0) -> InstanceCounts:
+def read_instances(
+    settings: StackSettings, run_id: str, task_ids: Sequence[str], label: str = "", temperature: float = 1.0
+) -> InstanceCounts:
     """`run_id`'s episodes and steps as the ledger holds them, counted per instance of `task_ids`."""
     finished = read_events(settings, run_id, "EpisodeFinished", ["task_id", "outcome"]).to_pylist()
     episodes = Counter(e["task_id"] for e in finished)
     successes = Counter(e["task_id"] for e in finished if e["outcome"] == "success")
     errors = read_events(settings, run_id, "StepRecorded", ["error_class"]).column("error_class").to_pylist()
-    return InstanceCounts(label or run_id, run_id, temperature, tuple(task_ids),
-                          tuple(successes[t] for t in task_ids), tuple(episodes[t] for t in task_ids),
-                          len(errors), sum(e == "invalid_action" for e in errors),
-                          sum(e["outcome"] == "env_error" for e in finished))
+    return InstanceCounts(
+        label or run_id,
+        run_id,
+        temperature,
+        tuple(task_ids),
+        tuple(successes[t] for t in task_ids),
+        tuple(episodes[t] for t in task_ids),
+        len(errors),
+        sum(e == "invalid_action" for e in errors),
+        sum(e["outcome"] == "env_error" for e in finished),
+    )
 
 
-def read_back(settings: StackSettings, runs: Sequence[tuple[EvalPolicy, str, int]], task_ids: Sequence[str],
-              timeout_s: float = 120.0) -> list[InstanceCounts]:
+def read_back(
+    settings: StackSettings,
+    runs: Sequence[tuple[EvalPolicy, str, int]],
+    task_ids: Sequence[str],
+    timeout_s: float = 120.0,
+) -> list[InstanceCounts]:
     """Write the log to the ledger, then count each (policy, run id, episodes it ran) as
     `read_instances` does; waits (up to `timeout_s`) for episodes another ledger writer still holds."""
     LedgerWriter(settings).sync(idle_exit_s=3.0)
@@ -296,8 +374,10 @@ def read_back(settings: StackSettings, runs: Sequence[tuple[EvalPolicy, str, int
             return counts
         if time.monotonic() > deadline:
             c, n = short[0]
-            raise RuntimeError(f"evaluation run {c.run_id}: {sum(c.episodes)} of its {n} episodes reached the "
-                               f"ledger in {timeout_s:g} s (is a ledger writer running? `awrl ledger sync`)")
+            raise RuntimeError(
+                f"evaluation run {c.run_id}: {sum(c.episodes)} of its {n} episodes reached the "
+                f"ledger in {timeout_s:g} s (is a ledger writer running? `awrl ledger sync`)"
+            )
         time.sleep(2.0)
 
 
@@ -306,11 +386,20 @@ def run_label(label: str) -> str:
     return re.sub(r"[^A-Za-z0-9._+-]", "-", label) or "policy"
 
 
-def evaluate_paired(settings: StackSettings, policies: Sequence[EvalPolicy], suite: SuiteName = "sites",
-                    split: Split = "heldout", difficulty: Difficulty | None = "easy",
-                    templates: tuple[str, ...] | None = None, instances: int | None = None, samples: int = 4,
-                    workers: int = 2, som: bool = True, run_id: str = "",
-                    show_progress: bool = True) -> PairedEvaluation:
+def evaluate_paired(
+    settings: StackSettings,
+    policies: Sequence[EvalPolicy],
+    suite: SuiteName = "sites",
+    split: Split = "heldout",
+    difficulty: Difficulty | None = "easy",
+    templates: tuple[str, ...] | None = None,
+    instances: int | None = None,
+    samples: int = 4,
+    workers: int = 2,
+    som: bool = True,
+    run_id: str = "",
+    show_progress: bool = True,
+) -> PairedEvaluation:
     """Every policy on the same instances (`instance_ids`), `samples` episodes each; each policy's
     episodes are the run `<run_id>-<label>` in the event log, counted back from the ledger."""
     if not policies:
@@ -322,7 +411,8 @@ def evaluate_paired(settings: StackSettings, policies: Sequence[EvalPolicy], sui
     task_ids = instance_ids(suite, split, difficulty, templates, instances)
     runs = []
     for policy, label in zip(policies, labels):
-        run_instances(settings, policy, task_ids, samples, suite, split, f"{run_id}-{label}", workers, som,
-                      show_progress)
+        run_instances(
+            settings, policy, task_ids, samples, suite, split, f"{run_id}-{label}", workers, som, show_progress
+        )
         runs.append((policy, f"{run_id}-{label}", len(task_ids) * (policy.samples or samples)))
     return PairedEvaluation(run_id, task_ids, tuple(read_back(settings, runs, task_ids)))

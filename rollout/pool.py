@@ -175,10 +175,14 @@ class RolloutPool:
         while not self._all_done.is_set():
             group: _Group = await jobs.get()
             ctx = EpisodeContext(
-                run_id=group.dispatch.run_id, worker=worker, policy=self.policy,
-                suite=self.suites[group.task.suite], emit=lambda e, g=group: self._emit(e, g),
+                run_id=group.dispatch.run_id,
+                worker=worker,
+                policy=self.policy,
+                suite=self.suites[group.task.suite],
+                emit=lambda e, g=group: self._emit(e, g),
                 put_screenshot=self._put_screenshot,
-                refresh=self._refresh, config=self.config.episode,
+                refresh=self._refresh,
+                config=self.config.episode,
             )
             await self._catch_up(group.dispatch.dispatched_at_version)
             t0 = time.perf_counter()
@@ -243,10 +247,15 @@ class RolloutPool:
         d, rs = group.dispatch, group.results
         versions = group.versions or {self.policy.version}
         completed = GroupCompleted(
-            run_id=d.run_id, group_id=d.group_id, task_id=d.task_id,
-            trajectory_ids=[r.trajectory_id for r in rs], rewards=[r.reward for r in rs],
-            num_steps=[r.num_steps for r in rs], outcomes=[r.outcome for r in rs],
-            min_policy_version=min(versions), max_policy_version=max(versions),
+            run_id=d.run_id,
+            group_id=d.group_id,
+            task_id=d.task_id,
+            trajectory_ids=[r.trajectory_id for r in rs],
+            rewards=[r.reward for r in rs],
+            num_steps=[r.num_steps for r in rs],
+            outcomes=[r.outcome for r in rs],
+            min_policy_version=min(versions),
+            max_policy_version=max(versions),
         )
         # Every step of the group must be acknowledged before the group is announced complete.
         t0 = time.perf_counter()
@@ -254,8 +263,9 @@ class RolloutPool:
         try:
             await asyncio.to_thread(lambda: [f.get(timeout=60) for f in acks])
         except Exception as exc:  # part of it never reached the log: run the whole group again
-            log.warning("group %s not acknowledged by the broker (%s); running it again", d.group_id,
-                        type(exc).__name__)
+            log.warning(
+                "group %s not acknowledged by the broker (%s); running it again", d.group_id, type(exc).__name__
+            )
             self.stats.groups_rerun += 1
             group.results, group.acks, group.versions = [], [], set()
             for _ in range(d.group_size):
@@ -291,15 +301,20 @@ class RolloutPool:
         """Record how the version came (the ledger's answer to "push or store?"); a policy that does not
         say (vLLM, scripted) loaded it from the store."""
         delivery = getattr(self.policy, "delivered", {}).get(version.version, "store")
-        self.producer.publish(PolicyVersionLoaded(
-            run_id=version.run_id, version=version.version, checkpoint_sha256=version.checkpoint_sha256,
-            delivery=delivery, load_s=load_s,
-            since_published_s=(datetime.now(UTC) - version.emitted_at).total_seconds()))
+        self.producer.publish(
+            PolicyVersionLoaded(
+                run_id=version.run_id,
+                version=version.version,
+                checkpoint_sha256=version.checkpoint_sha256,
+                delivery=delivery,
+                load_s=load_s,
+                since_published_s=(datetime.now(UTC) - version.emitted_at).total_seconds(),
+            )
+        )
 
     # -- Kafka threads (kafka-python is blocking; the browsers stay on the event loop) -------------
     def _feed(self, loop, jobs: asyncio.Queue, capacity: threading.Semaphore) -> None:
-        consumer = EventConsumer(self.settings, self.config.consumer_group, [TASKS], self.producer,
-                                 client_id="rollout")
+        consumer = EventConsumer(self.settings, self.config.consumer_group, [TASKS], self.producer, client_id="rollout")
         tracker = _OffsetTracker()
         reaped_at = time.monotonic()
         try:
@@ -360,8 +375,16 @@ class RolloutPool:
             if self._latest is None or e.version > self._latest.version:
                 self._latest = e
 
-        follow_run(self.settings, TRAINER, self.config.run_id, [PolicyVersionPublished], on_event, self._stop,
-                   self.producer, client_id="rollout-versions")
+        follow_run(
+            self.settings,
+            TRAINER,
+            self.config.run_id,
+            [PolicyVersionPublished],
+            on_event,
+            self._stop,
+            self.producer,
+            client_id="rollout-versions",
+        )
 
 
 async def _cancel_all(tasks: list[asyncio.Task]) -> None:

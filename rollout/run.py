@@ -45,10 +45,19 @@ def make_suite(name: str) -> Suite:
     raise ValueError(f"unknown suite {name!r}; choose from {SUITES}")
 
 
-def make_policy(name: str, suites: dict[str, Suite], model_dir: Path | None = None,
-                vllm_url: str | None = None, vllm_model: str | None = None, seed: int = 0,
-                noise: float = 0.0, checkpoints=None, temperature: float = 1.0, max_batch: int = 64,
-                push_address: str | None = None) -> Policy:
+def make_policy(
+    name: str,
+    suites: dict[str, Suite],
+    model_dir: Path | None = None,
+    vllm_url: str | None = None,
+    vllm_model: str | None = None,
+    seed: int = 0,
+    noise: float = 0.0,
+    checkpoints=None,
+    temperature: float = 1.0,
+    max_batch: int = 64,
+    push_address: str | None = None,
+) -> Policy:
     """`demo`: the oracle's actions (a random action with probability `noise`) as the local model's
     tokens and log-probs (`rollout.policy.scored`). `checkpoints`: a `CheckpointStore` through which
     model backends load s3:// versions. `push_address`: the local model also takes versions the trainer
@@ -59,8 +68,10 @@ def make_policy(name: str, suites: dict[str, Suite], model_dir: Path | None = No
         script = make_policy("oracle", suites)
         if noise > 0:
             script = NoisyPolicy(script, make_policy("random", suites, seed=seed), noise, seed=seed)
-        return ScoredPolicy(script, make_policy("local", suites, model_dir, seed=seed, checkpoints=checkpoints,
-                                                push_address=push_address))
+        return ScoredPolicy(
+            script,
+            make_policy("local", suites, model_dir, seed=seed, checkpoints=checkpoints, push_address=push_address),
+        )
     if name == "oracle":
         from rollout.policy.scripted import OraclePolicy
 
@@ -75,8 +86,15 @@ def make_policy(name: str, suites: dict[str, Suite], model_dir: Path | None = No
         # Chromium needs the cores torch's second thread would spin on: measured on 2 cores, MiniWoB++ at
         # 4 workers ran 1.33 episodes/s with one torch thread, 0.99 with two (boxes, no browser: 9.0 vs 11.0).
         threads = 1 if any(s.needs_browser for s in suites.values()) else None
-        return LocalPolicy(model_dir, seed=seed, checkpoints=checkpoints, temperature=temperature, max_batch=max_batch,
-                           num_threads=threads, push_address=push_address)
+        return LocalPolicy(
+            model_dir,
+            seed=seed,
+            checkpoints=checkpoints,
+            temperature=temperature,
+            max_batch=max_batch,
+            num_threads=threads,
+            push_address=push_address,
+        )
     if name == "vllm":
         return _vllm_policy(vllm_url, vllm_model, seed, checkpoints, temperature)
     raise ValueError(f"unknown policy {name!r}; choose from {POLICIES}")
@@ -92,8 +110,9 @@ def _vllm_policy(url: str | None, model: str | None, seed: int, checkpoints, tem
         raise ValueError("--policy vllm needs a server: --vllm-url, AWRL_VLLM_URL, or `awrl stack up --vllm MODEL_DIR`")
     # The server loads the directory the pool fetched: they must share a filesystem.
     fetch = (lambda uri: str(checkpoints.download(uri))) if checkpoints is not None else None
-    policy = VLLMPolicy(url, model or "policy", seed=seed, temperature=temperature,
-                        **({"fetch": fetch} if fetch else {}))
+    policy = VLLMPolicy(
+        url, model or "policy", seed=seed, temperature=temperature, **({"fetch": fetch} if fetch else {})
+    )
     policy.suppress_token_ids = policy.server_token_ids([t for t in SPECIAL_TOKENS if t not in STOP_TOKENS])
     return policy
 
@@ -152,8 +171,14 @@ class RolloutRequest:
     """Earlier runs whose ledgered outcomes seed the curriculum (e.g. the warm start's evaluation)."""
 
 
-def run_rollout(settings: StackSettings, req: RolloutRequest, show_progress: bool = True,
-                stop: threading.Event | None = None, on_progress=None, admission: Admission | None = None) -> PoolStats:
+def run_rollout(
+    settings: StackSettings,
+    req: RolloutRequest,
+    show_progress: bool = True,
+    stop: threading.Event | None = None,
+    on_progress=None,
+    admission: Admission | None = None,
+) -> PoolStats:
     """Run the pool (and the dispatcher) until `req.episodes` are done or `stop` is set.
     `on_progress(pool)` after each episode replaces the progress bar. `admission`: the staleness budget
     the dispatcher asks before each group (fed from the run's trainer events); None: no bound."""
@@ -161,27 +186,52 @@ def run_rollout(settings: StackSettings, req: RolloutRequest, show_progress: boo
     suite = make_suite(req.suite)
     suite.start()
     try:
-        policy = make_policy(req.policy, {suite.name: suite}, req.model_dir, req.vllm_url or settings.vllm_url,
-                             settings.vllm_model, seed=req.seed, noise=req.noise,
-                             checkpoints=CheckpointStore.from_settings(settings), temperature=req.temperature,
-                             max_batch=req.max_batch, push_address=req.push_address)
+        policy = make_policy(
+            req.policy,
+            {suite.name: suite},
+            req.model_dir,
+            req.vllm_url or settings.vllm_url,
+            settings.vllm_model,
+            seed=req.seed,
+            noise=req.noise,
+            checkpoints=CheckpointStore.from_settings(settings),
+            temperature=req.temperature,
+            max_batch=req.max_batch,
+            push_address=req.push_address,
+        )
         if req.policy == "vllm" and req.model_dir is not None and req.min_version == 0:
             # The server serves whatever it last loaded: make version 0 the weights this run starts from.
             asyncio.run(policy.refresh(0, str(req.model_dir)))
-        pool = RolloutPool(settings, {suite.name: suite}, policy,
-                           PoolConfig(workers=req.workers, episode=req.episode, run_id=run_id,
-                                      consumer_group=f"rollout-{run_id}", everlasting=req.everlasting,
-                                      journal_dir=req.journal_dir))
+        pool = RolloutPool(
+            settings,
+            {suite.name: suite},
+            policy,
+            PoolConfig(
+                workers=req.workers,
+                episode=req.episode,
+                run_id=run_id,
+                consumer_group=f"rollout-{run_id}",
+                everlasting=req.everlasting,
+                journal_dir=req.journal_dir,
+            ),
+        )
         groups = None if req.episodes is None else math.ceil(req.episodes / req.group_size)
         stop = stop or threading.Event()
         finished = threading.Event()
         if req.dispatch:
-            tasks = [t for t in suite.tasks(req.split) if req.difficulty in (None, t.difficulty)
-                     and (req.templates is None or t.template in req.templates)
-                     and (req.task_ids is None or t.task_id in req.task_ids)]
+            tasks = [
+                t
+                for t in suite.tasks(req.split)
+                if req.difficulty in (None, t.difficulty)
+                and (req.templates is None or t.template in req.templates)
+                and (req.task_ids is None or t.task_id in req.task_ids)
+            ]
             stream = _task_stream(settings, suite, tasks, req)
-            threading.Thread(target=dispatch_loop, daemon=True,
-                             args=(settings, pool, run_id, stream, req, groups, finished, admission)).start()
+            threading.Thread(
+                target=dispatch_loop,
+                daemon=True,
+                args=(settings, pool, run_id, stream, req, groups, finished, admission),
+            ).start()
         threading.Thread(target=lambda: (stop.wait(), finished.is_set() or pool.request_stop()), daemon=True).start()
         with _progress(show_progress and on_progress is None) as (progress, update):
             stats = asyncio.run(pool.run(max_groups=groups, on_progress=on_progress or update))
@@ -213,18 +263,23 @@ class _progress:
     def __enter__(self):
         if not self.enabled:
             return None, None
-        self.p = Progress(TextColumn("[bold]rollout"), BarColumn(), TextColumn("{task.description}"),
-                          TimeElapsedColumn())
+        self.p = Progress(
+            TextColumn("[bold]rollout"), BarColumn(), TextColumn("{task.description}"), TimeElapsedColumn()
+        )
         self.p.start()
         task = self.p.add_task("starting browsers", total=None)
 
         def update(pool: RolloutPool) -> None:
             s = pool.stats
             rate = s.successes / max(s.episodes, 1)
-            self.p.update(task, description=(
-                f"episodes {s.episodes}  success {rate:.2f}  env_err {s.env_errors}  "
-                f"steps/s {s.steps_per_s:.2f}  policy v{pool.policy.version}  "
-                f"dispatch paused {s.dispatch_paused_s:.0f}s"))
+            self.p.update(
+                task,
+                description=(
+                    f"episodes {s.episodes}  success {rate:.2f}  env_err {s.env_errors}  "
+                    f"steps/s {s.steps_per_s:.2f}  policy v{pool.policy.version}  "
+                    f"dispatch paused {s.dispatch_paused_s:.0f}s"
+                ),
+            )
 
         return self.p, update
 

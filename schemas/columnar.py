@@ -37,7 +37,6 @@ class PackedValues:
         return self.count
 
 
-
 @cache
 def packed_fields(model: type[Event]) -> dict[str, str]:
     """The model's packed fields and their wire dtypes."""
@@ -94,10 +93,13 @@ def columnar_table(events: list[Event], model: type[Event]) -> pa.Table:
     rest = pa.schema([f for f in schema if f.name not in packed])
     exclude = set(packed)
     table = pa.Table.from_pylist([e.model_dump(exclude=exclude) for e in events], schema=rest)
-    columns = {name: _list_column([getattr(e, name) for e in events], dtype, schema.field(name).type)
-               for name, dtype in packed.items()}
-    return pa.Table.from_arrays([columns[f.name] if f.name in columns else table.column(f.name) for f in schema],
-                                schema=schema)
+    columns = {
+        name: _list_column([getattr(e, name) for e in events], dtype, schema.field(name).type)
+        for name, dtype in packed.items()
+    }
+    return pa.Table.from_arrays(
+        [columns[f.name] if f.name in columns else table.column(f.name) for f in schema], schema=schema
+    )
 
 
 def _list_column(values: list[PackedValues | list], dtype: str, list_type: pa.ListType) -> pa.Array:

@@ -335,8 +335,9 @@ class GroupDropped(Event):
     topic: ClassVar[str] = "trainer"
     group_id: str
     task_id: str
-    reason: Literal["stale", "uninformative", "no_tokens", "screenshot_corrupted", "screenshot_missing",
-                    "steps_missing"]
+    reason: Literal[
+        "stale", "uninformative", "no_tokens", "screenshot_corrupted", "screenshot_missing", "steps_missing"
+    ]
     """`stale`: a token older than the staleness bound; `uninformative`: all rewards equal (dynamic
     sampling); `no_tokens`: no step carries model tokens (scripted policies); `screenshot_corrupted`:
     a stored screenshot no longer hashes to its key; `screenshot_missing`: one is not in the store;

@@ -55,8 +55,14 @@ def account(fault: str, produced: Iterable[str], settings, run_id: str | None = 
     """Compare `produced` with the ledger; the row joins the session's table."""
     produced = set(produced)
     counts = Counter(i for i in ledger_ids(settings, run_id) if i in produced)
-    row = Accounting(fault=fault, produced=len(produced), rows=sum(counts.values()),
-                     lost=len(produced - counts.keys()), duplicated=sum(c - 1 for c in counts.values()), note=note)
+    row = Accounting(
+        fault=fault,
+        produced=len(produced),
+        rows=sum(counts.values()),
+        lost=len(produced - counts.keys()),
+        duplicated=sum(c - 1 for c in counts.values()),
+        note=note,
+    )
     TABLE.append(row)
     return row
 

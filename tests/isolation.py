@@ -27,4 +27,3 @@ def own_settings(stack: LocalStack) -> Iterator[StackSettings]:
         yield settings
     finally:
         remove_bucket(settings)
-

@@ -45,9 +45,17 @@ def render_page(title: str, lines: int = 12, size: tuple[int, int] = (1280, 720)
     return buf.getvalue()
 
 
-def sample_step(run_id: str, group_id: str, trajectory_id: str, step: int, screenshot_sha256: str,
-                response_tokens: int = 300, prompt_tokens: int = 1200, policy_version: int = 0,
-                seed: int = 0) -> StepRecorded:
+def sample_step(
+    run_id: str,
+    group_id: str,
+    trajectory_id: str,
+    step: int,
+    screenshot_sha256: str,
+    response_tokens: int = 300,
+    prompt_tokens: int = 1200,
+    policy_version: int = 0,
+    seed: int = 0,
+) -> StepRecorded:
     rng = random.Random(seed)
     memory = {f"fact {k}": f"value {rng.randint(0, 99)}" for k in range(step % 5 + 1)}
     return StepRecorded(
@@ -73,13 +81,16 @@ def sample_step(run_id: str, group_id: str, trajectory_id: str, step: int, scree
     )
 
 
-SAMPLE_MARKS = [StepMark(id=0, role="link", name="awrl-shop.local", x=24, y=16, width=120, height=20),
-                StepMark(id=1, role="button", name="Add to cart", x=1000, y=640, width=200, height=50)]
+SAMPLE_MARKS = [
+    StepMark(id=0, role="link", name="awrl-shop.local", x=24, y=16, width=120, height=20),
+    StepMark(id=1, role="button", name="Add to cart", x=1000, y=640, width=200, height=50),
+]
 """The interactive elements of a `render_page` screen, as the rollout records them."""
 
 
-def sample_group(run_id: str, group_id: str, screenshot_hashes: list[str], group_size: int = 4,
-                 steps: int = 5, seed: int = 0):
+def sample_group(
+    run_id: str, group_id: str, screenshot_hashes: list[str], group_size: int = 4, steps: int = 5, seed: int = 0
+):
     """Events of one finished task group, in the order a rollout pool emits them."""
     rng = random.Random(seed)
     tids, rewards, lengths = [], [], []
@@ -88,19 +99,40 @@ def sample_group(run_id: str, group_id: str, screenshot_hashes: list[str], group
         n = rng.randint(1, steps)
         reward = float(rng.random() < 0.5)
         tids.append(tid), rewards.append(reward), lengths.append(n)
-        yield EpisodeStarted(run_id=run_id, trajectory_id=tid, group_id=group_id, task_id="sample-task",
-                             worker_id="sample", instruction="Add the cheapest item to the cart", horizon=10,
-                             policy_version=0)
+        yield EpisodeStarted(
+            run_id=run_id,
+            trajectory_id=tid,
+            group_id=group_id,
+            task_id="sample-task",
+            worker_id="sample",
+            instruction="Add the cheapest item to the cart",
+            horizon=10,
+            policy_version=0,
+        )
         for s in range(n):
             sha = screenshot_hashes[(g + s) % len(screenshot_hashes)]
             yield sample_step(run_id, group_id, tid, s, sha, seed=rng.randrange(1 << 30))
-        yield EpisodeFinished(run_id=run_id, trajectory_id=tid, group_id=group_id, task_id="sample-task",
-                              outcome="success" if reward else "failure", reward=reward, num_steps=n,
-                              reason="judge")
-    yield GroupCompleted(run_id=run_id, group_id=group_id, task_id="sample-task", trajectory_ids=tids,
-                         rewards=rewards, num_steps=lengths,
-                         outcomes=["success" if r else "failure" for r in rewards],
-                         min_policy_version=0, max_policy_version=0)
+        yield EpisodeFinished(
+            run_id=run_id,
+            trajectory_id=tid,
+            group_id=group_id,
+            task_id="sample-task",
+            outcome="success" if reward else "failure",
+            reward=reward,
+            num_steps=n,
+            reason="judge",
+        )
+    yield GroupCompleted(
+        run_id=run_id,
+        group_id=group_id,
+        task_id="sample-task",
+        trajectory_ids=tids,
+        rewards=rewards,
+        num_steps=lengths,
+        outcomes=["success" if r else "failure" for r in rewards],
+        min_policy_version=0,
+        max_policy_version=0,
+    )
 
 
 def stored_sha256(settings, version) -> str:
@@ -114,14 +146,24 @@ def stored_sha256(settings, version) -> str:
     return weights_sha256(load_file(directory / "model.safetensors"))
 
 
-MISMATCH = {"mismatch_tokens": 40.0, "mismatch_nonfinite": 0.025, "mismatch_k1": 0.0011, "mismatch_k2": 0.0012,
-            "mismatch_k3": 0.0013, "mismatch_ratio_min": 0.8, "mismatch_ratio_max": 1.5, "mismatch_ratio_tail": 0.0,
-            "mismatch_stale_tokens": 0.0, "mismatch_stale_k3": 0.0}
+MISMATCH = {
+    "mismatch_tokens": 40.0,
+    "mismatch_nonfinite": 0.025,
+    "mismatch_k1": 0.0011,
+    "mismatch_k2": 0.0012,
+    "mismatch_k3": 0.0013,
+    "mismatch_ratio_min": 0.8,
+    "mismatch_ratio_max": 1.5,
+    "mismatch_ratio_tail": 0.0,
+    "mismatch_stale_tokens": 0.0,
+    "mismatch_stale_k3": 0.0,
+}
 """The viewable run's sampler-vs-trainer statistics (`trainer.mismatch`): fresh tokens only."""
 
 
-def write_viewable_run(settings, run_id: str, groups: int = 2, group_size: int = 4, steps: int = 5,
-                       screenshots: int = 6) -> dict[str, list]:
+def write_viewable_run(
+    settings, run_id: str, groups: int = 2, group_size: int = 4, steps: int = 5, screenshots: int = 6
+) -> dict[str, list]:
     """A run a person could look at: `screenshots` rendered pages in the store, `groups` finished groups
     acting on them, two versions and one update over every group, written through `LedgerWriter` into
     `settings.ledger_uri`. Returns the events by type."""
@@ -133,12 +175,33 @@ def write_viewable_run(settings, run_id: str, groups: int = 2, group_size: int =
     hashes = store.put_many([render_page(f"page {i}", seed=i) for i in range(screenshots)])
     events = [e for g in range(groups) for e in sample_group(run_id, f"g{g}", hashes, group_size, steps, seed=g)]
     trained = [e.trajectory_id for e in events if isinstance(e, EpisodeFinished)]
-    events += [PolicyVersionPublished(run_id=run_id, version=v, checkpoint_uri=f"s3://awrl/ckpt/{v}",
-                                      checkpoint_sha256="0" * 64, update_step=v - 1 if v else None) for v in (0, 1)]
-    events.append(UpdateApplied(run_id=run_id, update_step=0, version_before=0, version_after=1,
-                                group_ids=[f"g{g}" for g in range(groups)], trajectory_ids=trained, loss=0.5,
-                                grad_norm=1.0, stats={"clip_frac": 0.1, "approx_kl": 0.01, **MISMATCH},
-                                config_json="{}", weights_sha256="1" * 64, duration_s=0.2, world_size=1))
+    events += [
+        PolicyVersionPublished(
+            run_id=run_id,
+            version=v,
+            checkpoint_uri=f"s3://awrl/ckpt/{v}",
+            checkpoint_sha256="0" * 64,
+            update_step=v - 1 if v else None,
+        )
+        for v in (0, 1)
+    ]
+    events.append(
+        UpdateApplied(
+            run_id=run_id,
+            update_step=0,
+            version_before=0,
+            version_after=1,
+            group_ids=[f"g{g}" for g in range(groups)],
+            trajectory_ids=trained,
+            loss=0.5,
+            grad_norm=1.0,
+            stats={"clip_frac": 0.1, "approx_kl": 0.01, **MISMATCH},
+            config_json="{}",
+            weights_sha256="1" * 64,
+            duration_s=0.2,
+            world_size=1,
+        )
+    )
     by_type: dict[str, list] = {}
     for e in events:
         by_type.setdefault(type(e).__name__, []).append(e)

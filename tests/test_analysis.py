@@ -41,56 +41,147 @@ CURIE = "Open the article about Marie Curie"  # content words: open, article, ma
 
 def step(run, tid, gid, s, keys, versions, policy_version=0):
     return StepRecorded(
-        run_id=run, trajectory_id=tid, group_id=gid, task_id=gid, step=s, screenshot_sha256=SHA, url="http://x/",
-        action=Action(kind="click", x=1, y=2), response_text="r", memory={k: "v" for k in keys},
-        prompt_token_ids=[7], prompt_screenshot_sha256=[SHA], response_token_ids=list(range(len(versions))),
-        behave_logprobs=[-0.5] * len(versions), token_policy_versions=versions, policy_version=policy_version,
-        env_feedback="ok", timings=StepTimings(policy_s=0.1, browser_s=0.1, wait_s=0.1))
+        run_id=run,
+        trajectory_id=tid,
+        group_id=gid,
+        task_id=gid,
+        step=s,
+        screenshot_sha256=SHA,
+        url="http://x/",
+        action=Action(kind="click", x=1, y=2),
+        response_text="r",
+        memory={k: "v" for k in keys},
+        prompt_token_ids=[7],
+        prompt_screenshot_sha256=[SHA],
+        response_token_ids=list(range(len(versions))),
+        behave_logprobs=[-0.5] * len(versions),
+        token_policy_versions=versions,
+        policy_version=policy_version,
+        env_feedback="ok",
+        timings=StepTimings(policy_s=0.1, browser_s=0.1, wait_s=0.1),
+    )
 
 
 def trajectory(run, tid, gid, instruction, steps, outcome=None, reason="judge", start_version=0):
     """EpisodeStarted, the steps [(keys, token versions, policy version)], and EpisodeFinished if `outcome`."""
-    events = [EpisodeStarted(run_id=run, trajectory_id=tid, group_id=gid, task_id=gid, worker_id="w",
-                             instruction=instruction, horizon=10, policy_version=start_version)]
+    events = [
+        EpisodeStarted(
+            run_id=run,
+            trajectory_id=tid,
+            group_id=gid,
+            task_id=gid,
+            worker_id="w",
+            instruction=instruction,
+            horizon=10,
+            policy_version=start_version,
+        )
+    ]
     events += [step(run, tid, gid, s, keys, versions, pv) for s, (keys, versions, pv) in enumerate(steps)]
     if outcome:
-        events.append(EpisodeFinished(run_id=run, trajectory_id=tid, group_id=gid, task_id=gid, outcome=outcome,
-                                      reward=float(outcome == "success"), num_steps=len(steps), reason=reason))
+        events.append(
+            EpisodeFinished(
+                run_id=run,
+                trajectory_id=tid,
+                group_id=gid,
+                task_id=gid,
+                outcome=outcome,
+                reward=float(outcome == "success"),
+                num_steps=len(steps),
+                reason=reason,
+            )
+        )
     return events
 
 
 def update(run, n, version_before, tids, stats):
-    return UpdateApplied(run_id=run, update_step=n, version_before=version_before, version_after=version_before + 1,
-                         group_ids=[], trajectory_ids=tids, loss=0.0, grad_norm=1.0, stats=stats, config_json="{}",
-                         weights_sha256=SHA, duration_s=1.0)
+    return UpdateApplied(
+        run_id=run,
+        update_step=n,
+        version_before=version_before,
+        version_after=version_before + 1,
+        group_ids=[],
+        trajectory_ids=tids,
+        loss=0.0,
+        grad_norm=1.0,
+        stats=stats,
+        config_json="{}",
+        weights_sha256=SHA,
+        duration_s=1.0,
+    )
 
 
 def group(run, gid, tids, rewards, outcomes, steps):
-    return GroupCompleted(run_id=run, group_id=gid, task_id=gid, trajectory_ids=tids, rewards=rewards,
-                          num_steps=steps, outcomes=outcomes, min_policy_version=0, max_policy_version=2)
+    return GroupCompleted(
+        run_id=run,
+        group_id=gid,
+        task_id=gid,
+        trajectory_ids=tids,
+        rewards=rewards,
+        num_steps=steps,
+        outcomes=outcomes,
+        min_policy_version=0,
+        max_policy_version=2,
+    )
 
 
 def run_r1() -> list:
     bkp = ["blue kettle price"]
     return [
         *trajectory("r1", "A", "g1", KETTLE, [(bkp, [1, 1, 1], 1), (bkp, [2, 2], 2)], "success"),
-        *trajectory("r1", "B", "g1", KETTLE, [
-            (["kettle"], [1], 1),
-            (["kettle", "step_1"], [1, 1], 1),
-            (["kettle", "step_1", "current_page"], [2], 2),
-            (["kettle", "step_1", "current_page"], [2, 2, 2, 2], 2)], "failure"),
-        *trajectory("r1", "C", "g2", CURIE, [
-            (["notes"], [0, 0], 0),
-            (["notes", "Curie birth year"], [0], 0),
-            (["notes", "Curie birth year"], [], 0)], "failure"),  # a step without tokens
+        *trajectory(
+            "r1",
+            "B",
+            "g1",
+            KETTLE,
+            [
+                (["kettle"], [1], 1),
+                (["kettle", "step_1"], [1, 1], 1),
+                (["kettle", "step_1", "current_page"], [2], 2),
+                (["kettle", "step_1", "current_page"], [2, 2, 2, 2], 2),
+            ],
+            "failure",
+        ),
+        *trajectory(
+            "r1",
+            "C",
+            "g2",
+            CURIE,
+            [(["notes"], [0, 0], 0), (["notes", "Curie birth year"], [0], 0), (["notes", "Curie birth year"], [], 0)],
+            "failure",
+        ),  # a step without tokens
         *trajectory("r1", "D", "g2", CURIE, [(["Weather today"], [1], 1)], "env_error", reason="browser_crash"),
         group("r1", "g1", ["A", "B"], [1.0, 0.0], ["success", "failure"], [2, 4]),
         group("r1", "g2", ["C", "D"], [0.0, 0.0], ["failure", "env_error"], [3, 1]),
         update("r1", 0, 3, ["A", "B"], {"clip_frac": 0.1}),
-        update("r1", 1, 4, ["A"], {"clip_frac": 0.3, "kl": 0.01, "mismatch_tokens": 8.0, "mismatch_nonfinite": 0.0,
-                                   "mismatch_k3": 0.002, "mismatch_stale_tokens": 2.0, "mismatch_stale_k3": 0.05}),
-        update("r1", 2, 5, ["C"], {"kl": 0.02, "mismatch_tokens": 0.0, "mismatch_nonfinite": 0.0, "mismatch_k3": 0.0,
-                                   "mismatch_stale_tokens": 3.0, "mismatch_stale_k3": 0.07}),  # no clip fraction
+        update(
+            "r1",
+            1,
+            4,
+            ["A"],
+            {
+                "clip_frac": 0.3,
+                "kl": 0.01,
+                "mismatch_tokens": 8.0,
+                "mismatch_nonfinite": 0.0,
+                "mismatch_k3": 0.002,
+                "mismatch_stale_tokens": 2.0,
+                "mismatch_stale_k3": 0.05,
+            },
+        ),
+        update(
+            "r1",
+            2,
+            5,
+            ["C"],
+            {
+                "kl": 0.02,
+                "mismatch_tokens": 0.0,
+                "mismatch_nonfinite": 0.0,
+                "mismatch_k3": 0.0,
+                "mismatch_stale_tokens": 3.0,
+                "mismatch_stale_k3": 0.07,
+            },
+        ),  # no clip fraction
     ]
 
 
@@ -111,8 +202,10 @@ def write_ledger(root, events, summaries=lambda is_a: False) -> None:
         directory = root / f"run_id={run}" / f"event_type={kind}"
         directory.mkdir(parents=True, exist_ok=True)
         table = events_to_table(batch)
-        pq.write_table(with_summaries(kind, table) if summaries(is_a) else table,
-                       directory / f"part-{uuid.uuid4().hex[:8]}.parquet")
+        pq.write_table(
+            with_summaries(kind, table) if summaries(is_a) else table,
+            directory / f"part-{uuid.uuid4().hex[:8]}.parquet",
+        )
 
 
 @pytest.fixture(scope="module")
@@ -141,7 +234,11 @@ def test_drift_metrics_are_exact(con):
     assert (r.adjacent_pairs, r.adjacent_unchanged_ratio) == (6, 0.5)
     # keys at step 0: 1,1,1,1; step 1: 1,2,2; step 2: 3,2; step 3: 3
     assert [(k["step"], k["steps"], k["mean_keys"]) for k in r.keys_by_step] == [
-        (0, 4, 1.0), (1, 3, pytest.approx(5 / 3)), (2, 2, 2.5), (3, 1, 3.0)]
+        (0, 4, 1.0),
+        (1, 3, pytest.approx(5 / 3)),
+        (2, 2, 2.5),
+        (3, 1, 3.0),
+    ]
     # x mean 1, y mean 1.7; Sxy = 4*0.7 + 1.3 + 0.3 + 2*1.3 = 7.0, Sxx = 4 + 2 + 4 = 10 -> 0.7
     assert r.keys_per_step_slope == pytest.approx(0.7)
     assert (r.steps, r.trajectories) == (10, 4)
@@ -167,8 +264,9 @@ def test_token_summaries_give_the_array_pass_metrics(con, tmp_path, summaries):
     metrics of the arrays (`con`: a ledger written before the summaries existed)."""
     write_ledger(tmp_path, run_r1() + run_r2(), summaries)
     summarized = connect(tmp_path)
-    counts = summarized.execute("SELECT (SELECT count(*) FROM step_recorded_summarized), "
-                                "(SELECT count(*) FROM step_recorded_unsummarized)").fetchone()
+    counts = summarized.execute(
+        "SELECT (SELECT count(*) FROM step_recorded_summarized), (SELECT count(*) FROM step_recorded_unsummarized)"
+    ).fetchone()
     assert counts[0] > 0 and (counts[1] > 0) == (summaries(False) is False)
     assert drift_metrics(summarized, "r1").to_dict() == drift_metrics(con, "r1").to_dict()
 
@@ -190,9 +288,11 @@ def test_run_without_updates_or_finishes_has_none(con):
 
 
 def test_trajectories_view(con):
-    rows = con.execute("SELECT trajectory_id, outcome, num_steps, response_tokens, min_policy_version, "
-                       "max_policy_version, env_error_reason, instruction FROM trajectories "
-                       "ORDER BY run_id, trajectory_id").fetchall()
+    rows = con.execute(
+        "SELECT trajectory_id, outcome, num_steps, response_tokens, min_policy_version, "
+        "max_policy_version, env_error_reason, instruction FROM trajectories "
+        "ORDER BY run_id, trajectory_id"
+    ).fetchall()
     assert rows == [
         ("A", "success", 2, 5, 1, 2, None, KETTLE),
         ("B", "failure", 4, 8, 1, 2, None, KETTLE),
@@ -203,8 +303,10 @@ def test_trajectories_view(con):
 
 
 def test_groups_view_uses_the_trainers_advantages(con):
-    rows = con.execute("SELECT group_id, rewards, advantages, informative FROM groups WHERE run_id = $run "
-                       "ORDER BY group_id", {"run": "r1"}).fetchall()
+    rows = con.execute(
+        "SELECT group_id, rewards, advantages, informative FROM groups WHERE run_id = $run ORDER BY group_id",
+        {"run": "r1"},
+    ).fetchall()
     assert [(g, i) for g, _, _, i in rows] == [("g1", True), ("g2", False)]  # all-equal rewards teach nothing
     for _, rewards, advantages, _ in rows:
         assert advantages == group_advantages(rewards)
@@ -212,14 +314,17 @@ def test_groups_view_uses_the_trainers_advantages(con):
 
 
 def test_updates_and_step_views(con):
-    assert con.execute("SELECT update_step, clip_frac, num_trajectories FROM updates WHERE run_id = 'r1' "
-                       "ORDER BY update_step").fetchall() == [(0, 0.1, 2), (1, 0.3, 1), (2, None, 1)]
+    assert con.execute(
+        "SELECT update_step, clip_frac, num_trajectories FROM updates WHERE run_id = 'r1' ORDER BY update_step"
+    ).fetchall() == [(0, 0.1, 2), (1, 0.3, 1), (2, None, 1)]
     # the sampler-vs-trainer columns: NULL before they were recorded (0) and without fresh tokens (2)
-    assert con.execute("SELECT update_step, mismatch_tokens, mismatch_k3, mismatch_stale_k3 FROM updates "
-                       "WHERE run_id = 'r1' ORDER BY update_step").fetchall() == [
-        (0, None, None, None), (1, 8.0, 0.002, 0.05), (2, 0.0, None, 0.07)]
-    assert con.execute("SELECT memory_keys, num_keys, response_tokens FROM steps WHERE trajectory_id = 'B' "
-                       "AND step = 2").fetchall() == [(["current_page", "kettle", "step_1"], 3, 1)]
+    assert con.execute(
+        "SELECT update_step, mismatch_tokens, mismatch_k3, mismatch_stale_k3 FROM updates "
+        "WHERE run_id = 'r1' ORDER BY update_step"
+    ).fetchall() == [(0, None, None, None), (1, 8.0, 0.002, 0.05), (2, 0.0, None, 0.07)]
+    assert con.execute(
+        "SELECT memory_keys, num_keys, response_tokens FROM steps WHERE trajectory_id = 'B' AND step = 2"
+    ).fetchall() == [(["current_page", "kettle", "step_1"], 3, 1)]
 
 
 def test_missing_event_types_give_empty_views_with_columns(tmp_path):
@@ -259,8 +364,16 @@ REFUSED = [
     "SELECT 1; SELECT 2",
     "",
 ]
-ALLOWED = ["SELECT count(*) FROM steps", "WITH t AS (SELECT 1 AS a) SELECT a FROM t", "DESCRIBE steps",
-           "SHOW TABLES", "EXPLAIN SELECT * FROM steps", "FROM trajectories", "SUMMARIZE updates", "VALUES (1)"]
+ALLOWED = [
+    "SELECT count(*) FROM steps",
+    "WITH t AS (SELECT 1 AS a) SELECT a FROM t",
+    "DESCRIBE steps",
+    "SHOW TABLES",
+    "EXPLAIN SELECT * FROM steps",
+    "FROM trajectories",
+    "SUMMARIZE updates",
+    "VALUES (1)",
+]
 
 
 @pytest.mark.parametrize("query", REFUSED)
@@ -313,8 +426,14 @@ def test_cli_sql_formats_and_a_wide_result_is_shown_whole(cli, ledger):
 
 
 def test_cli_sql_drift_and_report(cli, ledger, tmp_path):
-    res = cli("sql", "SELECT trajectory_id, outcome FROM trajectories WHERE run_id = 'r1' ORDER BY 1",
-              "--format", "json", "--ledger", ledger)
+    res = cli(
+        "sql",
+        "SELECT trajectory_id, outcome FROM trajectories WHERE run_id = 'r1' ORDER BY 1",
+        "--format",
+        "json",
+        "--ledger",
+        ledger,
+    )
     assert res.exit_code == 0, res.output
     assert [r["outcome"] for r in json.loads(res.output)] == ["success", "failure", "failure", "env_error"]
     assert cli("sql", "SELECT * FROM steps", "--limit", "3", "--ledger", ledger).exit_code == 0
@@ -360,9 +479,19 @@ def test_learning_curve_from_the_evaluations_view(tmp_path):
     from schemas import EvaluationCompleted
 
     def point(stage, successes, train_s):
-        return EvaluationCompleted(run_id="L", stage=stage, eval_run_id=f"L-eval-{stage}", policy_version=0,
-                                   suite="miniwob", split="test", episodes=100, successes=successes,
-                                   ci95_low=0.0, ci95_high=1.0, train_s=train_s)
+        return EvaluationCompleted(
+            run_id="L",
+            stage=stage,
+            eval_run_id=f"L-eval-{stage}",
+            policy_version=0,
+            suite="miniwob",
+            split="test",
+            episodes=100,
+            successes=successes,
+            ci95_low=0.0,
+            ci95_high=1.0,
+            train_s=train_s,
+        )
 
     write_ledger(tmp_path / "ledger", [point("rl", 61, 700.0), point("untrained", 1, 0.0), point("sft", 48, 100.0)])
     con = connect(tmp_path / "ledger")
@@ -379,21 +508,40 @@ def test_learning_curve_from_the_evaluations_view(tmp_path):
 def run_lc() -> list:
     """A run whose trajectories belong to versions 0, 1 and 2 (the oldest version that acted), beside its
     evaluation run `lc-eval-rl` (a run of its own) and the run's held-out evaluations."""
+
     def traj(tid, outcome, versions, start=0):  # one step per version in `versions`
         return trajectory("lc", tid, "g", KETTLE, [(["k"], [v], v) for v in versions], outcome, start_version=start)
 
     def evaluation(stage, version, successes):
-        return EvaluationCompleted(run_id="lc", stage=stage, eval_run_id=f"lc-eval-{stage}", policy_version=version,
-                                   suite="sites", split="heldout", episodes=20, successes=successes,
-                                   ci95_low=0.0, ci95_high=1.0)
+        return EvaluationCompleted(
+            run_id="lc",
+            stage=stage,
+            eval_run_id=f"lc-eval-{stage}",
+            policy_version=version,
+            suite="sites",
+            split="heldout",
+            episodes=20,
+            successes=successes,
+            ci95_low=0.0,
+            ci95_high=1.0,
+        )
 
-    return [*traj("a", "success", [0]), *traj("b", "failure", [0, 0]), *traj("c", "env_error", [0]),
-            *traj("d", "success", [1], start=0),  # v1 arrived before its first step: v1's trajectory
-            *traj("e", "success", [1, 2]), *traj("f", "failure", [1]), *traj("g", "failure", [1, 1]),
-            *traj("h", "success", [2], start=1), *traj("i", "env_error", [], start=2),  # no step: start version
-            *traj("j", None, [2], start=2),  # still running: not counted
-            *trajectory("lc-eval-rl", "x", "g", KETTLE, [(["k"], [2], 2)], "success", start_version=2),
-            evaluation("untrained", 0, 1), evaluation("sft", 0, 8), evaluation("rl-v2", 2, 12)]
+    return [
+        *traj("a", "success", [0]),
+        *traj("b", "failure", [0, 0]),
+        *traj("c", "env_error", [0]),
+        *traj("d", "success", [1], start=0),  # v1 arrived before its first step: v1's trajectory
+        *traj("e", "success", [1, 2]),
+        *traj("f", "failure", [1]),
+        *traj("g", "failure", [1, 1]),
+        *traj("h", "success", [2], start=1),
+        *traj("i", "env_error", [], start=2),  # no step: start version
+        *traj("j", None, [2], start=2),  # still running: not counted
+        *trajectory("lc-eval-rl", "x", "g", KETTLE, [(["k"], [2], 2)], "success", start_version=2),
+        evaluation("untrained", 0, 1),
+        evaluation("sft", 0, 8),
+        evaluation("rl-v2", 2, 12),
+    ]
 
 
 @pytest.fixture()
@@ -415,8 +563,9 @@ def test_success_by_version_counts_finished_trajectories_by_their_oldest_version
     assert [r[5] for r in rows] == [pytest.approx(1 / 3), 0.5, 0.5]
     for _, _, n, k, _, _, low, high in rows:
         assert (low, high) == pytest.approx(wilson_interval(k, n), abs=1e-12)
-    assert lc.sql("select trajectories, successes from success_by_version where run_id = 'lc-eval-rl'"
-                  ).fetchall() == [(1, 1)]  # the evaluation run is a run of its own
+    assert lc.sql("select trajectories, successes from success_by_version where run_id = 'lc-eval-rl'").fetchall() == [
+        (1, 1)
+    ]  # the evaluation run is a run of its own
     assert lc.execute("select awrl_wilson(0, 0)").fetchone() == ({"low": 0.0, "high": 1.0},)
 
 
@@ -449,10 +598,18 @@ def test_lineage_lists_exactly_the_updates_recorded_for_a_version(tmp_path, cli)
         events += trajectory(run, tid, f"g{tid}", KETTLE, [(["k"], [pv], pv), (["k"], [pv], pv)], outcome)
     ups = [update(run, 0, 0, ["A", "B"], {}), update(run, 1, 1, ["C"], {}), update(run, 2, 2, ["D"], {})]
     versions = [PolicyVersionPublished(run_id=run, version=0, checkpoint_uri="s3://b/v0", checkpoint_sha256=SHA)]
-    versions += [PolicyVersionPublished(run_id=run, version=u.version_after,
-                                        checkpoint_uri=f"s3://b/v{u.version_after}", checkpoint_sha256=SHA,
-                                        update_step=u.update_step, parent_version=u.version_before,
-                                        update_ids=[u.event_id]) for u in ups]
+    versions += [
+        PolicyVersionPublished(
+            run_id=run,
+            version=u.version_after,
+            checkpoint_uri=f"s3://b/v{u.version_after}",
+            checkpoint_sha256=SHA,
+            update_step=u.update_step,
+            parent_version=u.version_before,
+            update_ids=[u.event_id],
+        )
+        for u in ups
+    ]
     write_ledger(tmp_path / "ledger", events + ups + versions)
     con = connect(tmp_path / "ledger")
 
@@ -484,23 +641,46 @@ def test_rebatch_judges_every_completed_group_by_the_trainers_filters(tmp_path, 
     def at(seconds):
         return {"emitted_at": t0 + timedelta(seconds=seconds)}
 
-    versions = [PolicyVersionPublished(run_id=run, version=v, checkpoint_uri=f"s3://b/v{v}", checkpoint_sha256=SHA,
-                                       **at(100 * v)) for v in range(4)]  # v0 at 0 s, v1 at 100 s, ...
+    versions = [
+        PolicyVersionPublished(
+            run_id=run, version=v, checkpoint_uri=f"s3://b/v{v}", checkpoint_sha256=SHA, **at(100 * v)
+        )
+        for v in range(4)
+    ]  # v0 at 0 s, v1 at 100 s, ...
     # (group, completed at s, oldest token version, rewards)
-    spec = [("a", 50, 0, [1.0, 0.0]), ("b", 150, 1, [1.0, 0.0]), ("c", 250, 0, [0.0, 1.0]),
-            ("d", 350, 0, [1.0, 0.0]), ("e", 360, 3, [0.0, 0.0]), ("f", 370, 3, [1.0, 1.0])]
+    spec = [
+        ("a", 50, 0, [1.0, 0.0]),
+        ("b", 150, 1, [1.0, 0.0]),
+        ("c", 250, 0, [0.0, 1.0]),
+        ("d", 350, 0, [1.0, 0.0]),
+        ("e", 360, 3, [0.0, 0.0]),
+        ("f", 370, 3, [1.0, 1.0]),
+    ]
     events = []
     for gid, t, oldest, rewards in spec:
         tids = [f"{gid}{i}" for i in range(len(rewards))]
         for tid in tids:
             events += trajectory(run, tid, gid, KETTLE, [(["k"], [oldest], oldest)])
-        events.append(GroupCompleted(run_id=run, group_id=gid, task_id=gid, trajectory_ids=tids, rewards=rewards,
-                                     num_steps=[1] * len(tids),
-                                     outcomes=["success" if r else "failure" for r in rewards],
-                                     min_policy_version=oldest, max_policy_version=oldest, **at(t)))
-    events += [update(run, 0, 0, ["a0", "a1"], {}).model_copy(update={"group_ids": ["a"]}),
-               GroupDropped(run_id=run, group_id="e", task_id="e", reason="uninformative", trainer_version=3,
-                            min_policy_version=3)]
+        events.append(
+            GroupCompleted(
+                run_id=run,
+                group_id=gid,
+                task_id=gid,
+                trajectory_ids=tids,
+                rewards=rewards,
+                num_steps=[1] * len(tids),
+                outcomes=["success" if r else "failure" for r in rewards],
+                min_policy_version=oldest,
+                max_policy_version=oldest,
+                **at(t),
+            )
+        )
+    events += [
+        update(run, 0, 0, ["a0", "a1"], {}).model_copy(update={"group_ids": ["a"]}),
+        GroupDropped(
+            run_id=run, group_id="e", task_id="e", reason="uninformative", trainer_version=3, min_policy_version=3
+        ),
+    ]
     write_ledger(tmp_path / "ledger", events + versions)
     con = connect(tmp_path / "ledger")
 

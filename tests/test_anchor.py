@@ -104,8 +104,14 @@ def test_the_draw_is_a_function_of_seed_and_update_step():
     with pytest.raises(ValueError, match="no successful demonstration"):
         draw_anchor([], config, 0, [0], 1)
     # a str seed is hashed with sha512, not hash(): another interpreter, with another hash seed, draws the same
-    other = subprocess.run([sys.executable, "-c", DRAW_SCRIPT], capture_output=True, text=True, timeout=120,
-                           cwd=Path(__file__).parents[1], env={**os.environ, "PYTHONHASHSEED": "12345"})
+    other = subprocess.run(
+        [sys.executable, "-c", DRAW_SCRIPT],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=Path(__file__).parents[1],
+        env={**os.environ, "PYTHONHASHSEED": "12345"},
+    )
     assert other.returncode == 0, other.stderr[-2000:]
     assert other.stdout.strip() == str(_drawn(demos, config, 7))
 
@@ -127,7 +133,7 @@ def test_the_anchor_gradient_is_coef_over_drawn_times_the_scaffold_nll_gradient_
 
     hand = _fresh_model_of(_selection_policy())
     scorer = _own_scorer(hand, images)
-    (_, inputs), = scorer.samples([demo])
+    ((_, inputs),) = scorer.samples([demo])
     logprobs, _ = score(hand, inputs, len(demo.response_token_ids), scorer.suppress, 1.0)
     scaffold = ~torch.tensor(decision_token_mask(scorer.tokenizer, demo.response_token_ids))
     by_hand = -logprobs[scaffold].mean()
@@ -153,9 +159,17 @@ def test_coef_zero_changes_no_bit_of_the_update():
         config = TrainConfig(run_id="run", lr=1e-3, anchor=anchor)
         model = _fresh_model()
         with _threads(1):
-            step = optimizer_step(_scorer(model), EmulatedFSDP(model, 1, config.lr, config.weight_decay), config, 0,
-                                  [shard(samples, 0, 1)], trajectories, 0, None,
-                                  anchor=draw_anchor(samples[:2], config, 0, [0], 1))
+            step = optimizer_step(
+                _scorer(model),
+                EmulatedFSDP(model, 1, config.lr, config.weight_decay),
+                config,
+                0,
+                [shard(samples, 0, 1)],
+                trajectories,
+                0,
+                None,
+                anchor=draw_anchor(samples[:2], config, 0, [0], 1),
+            )
         results[name] = (combine(step.scored)[0], step.grad_norm, weights_sha256(model.state_dict()), step.anchor_nll)
         grads[name] = [q.grad for q in model.parameters()]
     assert results["plain"] == results["off"] and results["off"][3] == []
@@ -200,8 +214,17 @@ def _emulated(samples, trajectories, demos, config, world: int):
     model = _fresh_model()
     emulated, scorer = EmulatedFSDP(model, world, config.lr, config.weight_decay), _scorer(model)
     with _threads(1):
-        step = optimizer_step(scorer, emulated, config, 0, [shard(samples, r, world) for r in range(world)],
-                              trajectories, 0, None, anchor=draw_anchor(demos, config, 0, range(world), world))
+        step = optimizer_step(
+            scorer,
+            emulated,
+            config,
+            0,
+            [shard(samples, r, world) for r in range(world)],
+            trajectories,
+            0,
+            None,
+            anchor=draw_anchor(demos, config, 0, range(world), world),
+        )
     return combine(step.scored)[0], step.grad_norm, emulated.sha256(), step.anchor_nll
 
 
@@ -215,7 +238,11 @@ def test_fsdp2_ranks_shard_the_demonstrations_and_replay_emulates_them_bit_for_b
     (two,) = _torchrun_steps(tmp_path, samples, trajectories, config, 2, steps=1, demonstrations=demos)
     assert len(two["anchor_nll"]) == 3 and all(n > 0 for n in two["anchor_nll"])
     assert _emulated(samples, trajectories, demos, config, 2) == (
-        two["loss"], two["grad_norm"], two["digest"], two["anchor_nll"])
+        two["loss"],
+        two["grad_norm"],
+        two["digest"],
+        two["anchor_nll"],
+    )
     one = _emulated(samples, trajectories, demos, config, 1)
     assert one[1] == pytest.approx(two["grad_norm"], rel=1e-6)
     assert sorted(one[3]) == pytest.approx(sorted(two["anchor_nll"]), rel=1e-6)

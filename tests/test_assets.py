@@ -23,26 +23,70 @@ from samples import sample_group
 
 SHA = "ab" * 32
 RUN = "run-a"
-VIEW_ASSETS = {"steps": "trajectory_id, step", "trajectories": "started_at nulls last, trajectory_id",
-               "groups": "completed_at, group_id", "policy_versions": "version", "updates": "update_step"}
+VIEW_ASSETS = {
+    "steps": "trajectory_id, step",
+    "trajectories": "started_at nulls last, trajectory_id",
+    "groups": "completed_at, group_id",
+    "policy_versions": "version",
+    "updates": "update_step",
+}
 """The assets that are views of `analysis/sql/`, with the order each is written in."""
-ASSETS = ("compaction", "steps", "trajectories", "groups", "policy_versions", "updates", "throughput", "memory_drift",
-          "learning_curve")
+ASSETS = (
+    "compaction",
+    "steps",
+    "trajectories",
+    "groups",
+    "policy_versions",
+    "updates",
+    "throughput",
+    "memory_drift",
+    "learning_curve",
+)
 pytestmark = pytest.mark.filterwarnings("ignore:InitResourceContext.dagster_run:DeprecationWarning")  # Dagster's own
 
 
 def write_sample_run(root: str, run_id: str = RUN, groups: int = 2) -> dict[str, list]:
     """Write a small run (two GRPO groups, one update, two versions) through `LedgerWriter`."""
     events = [e for g in range(groups) for e in sample_group(run_id, f"g{g}", [SHA], seed=g)]
-    events += [PolicyVersionPublished(run_id=run_id, version=v, checkpoint_uri=f"s3://awrl/ckpt/{v}",
-                                      checkpoint_sha256=SHA, update_step=v - 1 if v else None) for v in (0, 1)]
+    events += [
+        PolicyVersionPublished(
+            run_id=run_id,
+            version=v,
+            checkpoint_uri=f"s3://awrl/ckpt/{v}",
+            checkpoint_sha256=SHA,
+            update_step=v - 1 if v else None,
+        )
+        for v in (0, 1)
+    ]
     trained = [e.trajectory_id for e in events if type(e).__name__ == "EpisodeFinished"]
-    events.append(UpdateApplied(run_id=run_id, update_step=0, version_before=0, version_after=1,
-                                group_ids=[f"g{g}" for g in range(groups)], trajectory_ids=trained, loss=0.5,
-                                grad_norm=1.0, stats={"clip_frac": 0.1}, config_json="{}",
-                                weights_sha256=SHA, duration_s=0.2, world_size=2,
-                                memory=[RankMemory(rank=r, params_bytes=400, grads_bytes=400, optimizer_bytes=800 + r,
-                                                   peak_bytes=10_000 * (r + 1), device="cpu") for r in range(2)]))
+    events.append(
+        UpdateApplied(
+            run_id=run_id,
+            update_step=0,
+            version_before=0,
+            version_after=1,
+            group_ids=[f"g{g}" for g in range(groups)],
+            trajectory_ids=trained,
+            loss=0.5,
+            grad_norm=1.0,
+            stats={"clip_frac": 0.1},
+            config_json="{}",
+            weights_sha256=SHA,
+            duration_s=0.2,
+            world_size=2,
+            memory=[
+                RankMemory(
+                    rank=r,
+                    params_bytes=400,
+                    grads_bytes=400,
+                    optimizer_bytes=800 + r,
+                    peak_bytes=10_000 * (r + 1),
+                    device="cpu",
+                )
+                for r in range(2)
+            ],
+        )
+    )
     by_type: dict[str, list] = {}
     for e in events:
         by_type.setdefault(type(e).__name__, []).append(e)
@@ -52,14 +96,20 @@ def write_sample_run(root: str, run_id: str = RUN, groups: int = 2) -> dict[str,
     return by_type
 
 
-def materialize_run(root: str, run_id: str = RUN, raise_on_error: bool = True, selection=None
-                    ) -> tuple[dg.ExecuteInProcessResult, dg.DagsterInstance]:
+def materialize_run(
+    root: str, run_id: str = RUN, raise_on_error: bool = True, selection=None
+) -> tuple[dg.ExecuteInProcessResult, dg.DagsterInstance]:
     instance = dg.DagsterInstance.ephemeral()
     instance.add_dynamic_partitions("runs", [run_id])
     ledger = Ledger(ledger_uri=root)
-    result = dg.materialize([*all_assets, *all_checks], partition_key=run_id, instance=instance,
-                            resources={"ledger": ledger, "io_manager": ParquetIOManager(ledger=ledger)},
-                            raise_on_error=raise_on_error, selection=selection)
+    result = dg.materialize(
+        [*all_assets, *all_checks],
+        partition_key=run_id,
+        instance=instance,
+        resources={"ledger": ledger, "io_manager": ParquetIOManager(ledger=ledger)},
+        raise_on_error=raise_on_error,
+        selection=selection,
+    )
     return result, instance
 
 
@@ -114,8 +164,15 @@ def test_assets_materialize_with_row_counts(run):
     root, events, result = run
     assert result.success
     n_steps, n_traj = len(events["StepRecorded"]), len(events["EpisodeStarted"])
-    expected = {"steps": n_steps, "trajectories": n_traj, "groups": 2, "policy_versions": 2, "updates": 1,
-                "memory_drift": 1, "learning_curve": 1}  # every sample episode runs on version 0
+    expected = {
+        "steps": n_steps,
+        "trajectories": n_traj,
+        "groups": 2,
+        "policy_versions": 2,
+        "updates": 1,
+        "memory_drift": 1,
+        "learning_curve": 1,
+    }  # every sample episode runs on version 0
     for asset, rows in expected.items():
         assert _table(root, asset).num_rows == rows, asset
         meta = result.asset_materializations_for_node(asset)[0].metadata
@@ -129,16 +186,25 @@ def test_assets_materialize_with_row_counts(run):
     (curve,) = _table(root, "learning_curve").to_pylist()
     finished = events["EpisodeFinished"]
     assert (curve["policy_version"], curve["trajectories"], curve["successes"]) == (
-        0, len(finished), sum(f.outcome == "success" for f in finished))
-    for asset, plot in (("trajectories", "success_rate_curve"), ("memory_drift", "keys_by_step_curve"),
-                        ("learning_curve", "success_by_version_curve")):
+        0,
+        len(finished),
+        sum(f.outcome == "success" for f in finished),
+    )
+    for asset, plot in (
+        ("trajectories", "success_rate_curve"),
+        ("memory_drift", "keys_by_step_curve"),
+        ("learning_curve", "success_by_version_curve"),
+    ):
         png = result.asset_materializations_for_node(asset)[0].metadata[plot].value
         assert "](data:image/png;base64," in png, asset
     # links into the trajectory viewer (`awrl view`), where the rows can be looked at one by one
-    links = {a: result.asset_materializations_for_node(a)[0].metadata["viewer"].value
-             for a in ("trajectories", "updates")}
-    assert links == {"trajectories": f"http://127.0.0.1:8765/runs/{RUN}",
-                     "updates": f"http://127.0.0.1:8765/runs/{RUN}/updates/0"}
+    links = {
+        a: result.asset_materializations_for_node(a)[0].metadata["viewer"].value for a in ("trajectories", "updates")
+    }
+    assert links == {
+        "trajectories": f"http://127.0.0.1:8765/runs/{RUN}",
+        "updates": f"http://127.0.0.1:8765/runs/{RUN}/updates/0",
+    }
 
 
 def test_every_check_passes_on_a_sound_run(run):
@@ -160,8 +226,11 @@ def _planted(tmp_path, plant, assets: list[str]) -> tuple[dict[str, bool], set[s
 
 
 def test_a_duplicated_event_fails_its_check_and_blocks_what_reads_it(tmp_path):
-    checks, done = _planted(tmp_path, lambda ev, w: w._write(RUN, "StepRecorded", ev["StepRecorded"][:1]),
-                            ["steps", "trajectories", "throughput", "memory_drift"])
+    checks, done = _planted(
+        tmp_path,
+        lambda ev, w: w._write(RUN, "StepRecorded", ev["StepRecorded"][:1]),
+        ["steps", "trajectories", "throughput", "memory_drift"],
+    )
     assert checks["steps_event_id_unique"] is False and checks["trajectories_one_row_each"] is True
     assert {"steps", "trajectories"} <= done and not done & {"throughput", "memory_drift"}  # blocked downstream
 
@@ -172,16 +241,20 @@ def test_a_lost_step_fails_the_numbering_check(tmp_path):
 
         shutil.rmtree(os.path.join(w.root, f"run_id={RUN}", "event_type=StepRecorded"))
         first = ev["StepRecorded"][0]
-        w._write(RUN, "StepRecorded", [e for e in ev["StepRecorded"]
-                                       if not (e.trajectory_id == first.trajectory_id and e.step == 0)])
+        w._write(
+            RUN,
+            "StepRecorded",
+            [e for e in ev["StepRecorded"] if not (e.trajectory_id == first.trajectory_id and e.step == 0)],
+        )
 
     checks, _ = _planted(tmp_path, plant, ["steps"])
     assert checks["steps_numbered_without_gaps"] is False and checks["steps_event_id_unique"] is True
 
 
 def test_a_broken_version_lineage_fails_its_check(tmp_path):
-    gap = PolicyVersionPublished(run_id=RUN, version=2, checkpoint_uri="s3://awrl/ckpt/3", checkpoint_sha256=SHA,
-                                 update_step=1, parent_version=0)  # 2 trained from 0: 1 is not its parent
+    gap = PolicyVersionPublished(
+        run_id=RUN, version=2, checkpoint_uri="s3://awrl/ckpt/3", checkpoint_sha256=SHA, update_step=1, parent_version=0
+    )  # 2 trained from 0: 1 is not its parent
     checks, _ = _planted(tmp_path, lambda ev, w: w._write(RUN, "PolicyVersionPublished", [gap]), ["policy_versions"])
     assert checks["policy_versions_contiguous"] is False
 
@@ -200,8 +273,12 @@ def test_a_mislabelled_token_version_fails_its_check(tmp_path, policy_version, t
 
         shutil.rmtree(os.path.join(w.root, f"run_id={RUN}", "event_type=StepRecorded"))
         first, *rest = ev["StepRecorded"]
-        wrong = first.model_copy(update={"policy_version": policy_version,
-                                         "token_policy_versions": [tokens] * len(first.token_policy_versions)})
+        wrong = first.model_copy(
+            update={
+                "policy_version": policy_version,
+                "token_policy_versions": [tokens] * len(first.token_policy_versions),
+            }
+        )
         w._write(RUN, "StepRecorded", [wrong, *rest])
 
     checks, done = _planted(tmp_path, plant, ["steps", "throughput"])
@@ -212,9 +289,20 @@ def test_a_mislabelled_token_version_fails_its_check(tmp_path, policy_version, t
 def test_staleness_beyond_eta_fails_its_check(tmp_path):
     def plant(ev, w):
         (u,) = ev["UpdateApplied"]
-        w._write(RUN, "UpdateApplied", [u.model_copy(update={
-            "event_id": f"{u.event_id}-2", "update_step": 1, "config_json": '{"eta": 2}',
-            "stats": {**u.stats, "staleness_max": 3.0}})])
+        w._write(
+            RUN,
+            "UpdateApplied",
+            [
+                u.model_copy(
+                    update={
+                        "event_id": f"{u.event_id}-2",
+                        "update_step": 1,
+                        "config_json": '{"eta": 2}',
+                        "stats": {**u.stats, "staleness_max": 3.0},
+                    }
+                )
+            ],
+        )
 
     checks, _ = _planted(tmp_path, plant, ["updates"])
     assert checks["staleness_within_eta"] is False and checks["updates_event_id_unique"] is True
@@ -258,12 +346,17 @@ def test_replay_of_a_run_without_stored_checkpoints_says_why(tmp_path):
     instance = dg.DagsterInstance.ephemeral()
     instance.add_dynamic_partitions("runs", [RUN])
     ledger = Ledger(ledger_uri=root)
-    result = dg.materialize(replay_assets, partition_key=RUN, instance=instance,
-                            resources={"ledger": ledger, "io_manager": ParquetIOManager(ledger=ledger)})
+    result = dg.materialize(
+        replay_assets,
+        partition_key=RUN,
+        instance=instance,
+        resources={"ledger": ledger, "io_manager": ParquetIOManager(ledger=ledger)},
+    )
     (event,) = result.get_asset_materialization_events()
     why = event.materialization.metadata["not_replayed"].value
     assert ("object store" in why or "S3 credentials" in why) and (
-        event.materialization.metadata["dagster/row_count"].value == 0)
+        event.materialization.metadata["dagster/row_count"].value == 0
+    )
     (check,) = result.get_asset_check_evaluations()
     assert check.passed is False and check.severity == dg.AssetCheckSeverity.WARN
 
@@ -297,8 +390,11 @@ def test_sensor_refreshes_what_changed_at_most_every_interval(tmp_path, monkeypa
     instance = dg.DagsterInstance.ephemeral()
 
     def tick(cursor):
-        return ledger_sensor(dg.build_sensor_context(instance=instance, cursor=cursor, definitions=defs,
-                                                     resources={"ledger": Ledger(ledger_uri=root)}))
+        return ledger_sensor(
+            dg.build_sensor_context(
+                instance=instance, cursor=cursor, definitions=defs, resources={"ledger": Ledger(ledger_uri=root)}
+            )
+        )
 
     first = tick(None)
     assert first.dynamic_partitions_requests[0].partition_keys == ["run-b"]
@@ -309,8 +405,9 @@ def test_sensor_refreshes_what_changed_at_most_every_interval(tmp_path, monkeypa
     assert idle.run_requests == [] and idle.dynamic_partitions_requests == []
 
     more = list(sample_group("run-b", "g9", [SHA], seed=9))
-    LedgerWriter(StackSettings(ledger_uri=root))._write("run-b", "StepRecorded",
-                                                        [e for e in more if type(e) is BY_NAME["StepRecorded"]])
+    LedgerWriter(StackSettings(ledger_uri=root))._write(
+        "run-b", "StepRecorded", [e for e in more if type(e) is BY_NAME["StepRecorded"]]
+    )
     clock[0] += sensors.REFRESH_EVERY_S / 2
     held = tick(first.cursor)
     assert held.run_requests == [] and held.cursor == first.cursor  # too soon: still pending
@@ -318,7 +415,13 @@ def test_sensor_refreshes_what_changed_at_most_every_interval(tmp_path, monkeypa
     (again,) = tick(held.cursor).run_requests
     assert again.run_key != request.run_key
     assert {k.to_user_string() for k in again.asset_selection} == {
-        "compaction", "steps", "trajectories", "throughput", "memory_drift", "learning_curve"}
+        "compaction",
+        "steps",
+        "trajectories",
+        "throughput",
+        "memory_drift",
+        "learning_curve",
+    }
 
 
 def test_a_run_that_just_started_materializes(tmp_path):
@@ -360,4 +463,5 @@ def test_assets_on_the_s3_ledger(stack, monkeypatch):
     table = pq.read_table(f"{root}/assets/groups/run_id={RUN}/data.parquet", filesystem=fs)
     assert table.column("advantages").to_pylist() == [group_advantages(events["GroupCompleted"][0].rewards)]
     assert pq.read_table(f"{root}/assets/steps/run_id={RUN}/data.parquet", filesystem=fs).num_rows == len(
-        events["StepRecorded"])
+        events["StepRecorded"]
+    )

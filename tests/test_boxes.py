@@ -88,9 +88,20 @@ def test_oracle_episodes_through_the_pool_need_no_browser(settings, monkeypatch)
     """Events on the real broker, screenshots in the real store, one step per episode; Chromium is
     never launched (launching one fails the test)."""
     monkeypatch.setattr("rollout.browser.BrowserWorker.ensure", _no_browser)
-    stats = run_rollout(settings, RolloutRequest(suite="boxes", policy="oracle", workers=2, group_size=2, episodes=8,
-                                                 templates=("colour",), run_id="boxes-oracle",
-                                                 episode=EpisodeConfig(som=True)), show_progress=False)
+    stats = run_rollout(
+        settings,
+        RolloutRequest(
+            suite="boxes",
+            policy="oracle",
+            workers=2,
+            group_size=2,
+            episodes=8,
+            templates=("colour",),
+            run_id="boxes-oracle",
+            episode=EpisodeConfig(som=True),
+        ),
+        show_progress=False,
+    )
     assert (stats.episodes, stats.successes, stats.steps) == (8, 8, 8)
     LedgerWriter(settings).sync(idle_exit_s=2.0)
     steps = read_events(settings, "boxes-oracle", "StepRecorded", ["action", "url"]).to_pylist()
@@ -128,8 +139,16 @@ def _reward(text: str, malformed_reward: float) -> float:
         return None
 
     worker = type("Worker", (), {"worker_id": "w0", "kill": lambda self: None})()  # boxes needs no browser
-    ctx = EpisodeContext("r", worker, _Says(text), BoxesSuite(), lambda event: None, put, nothing,
-                         EpisodeConfig(som=True, malformed_reward=malformed_reward))
+    ctx = EpisodeContext(
+        "r",
+        worker,
+        _Says(text),
+        BoxesSuite(),
+        lambda event: None,
+        put,
+        nothing,
+        EpisodeConfig(som=True, malformed_reward=malformed_reward),
+    )
     return asyncio.run(run_episode(ctx, make_task("red", 3, "train"), "g")).reward
 
 

@@ -31,8 +31,9 @@ def drain(consumer: EventConsumer, want: int, timeout: float = 60.0, stop_after:
 def test_10k_events_ordered_per_key_none_lost_none_duplicated_and_resume(settings):
     producer = EventProducer(settings)
     events = [
-        sample_step("run", f"g{i % 50}", f"g{i % 50}-t{i % 7}", i // 50, SHA, response_tokens=8,
-                    prompt_tokens=16, seed=i)
+        sample_step(
+            "run", f"g{i % 50}", f"g{i % 50}-t{i % 7}", i // 50, SHA, response_tokens=8, prompt_tokens=16, seed=i
+        )
         for i in range(10_000)
     ]
     assert producer.publish_all(events) == 10_000
@@ -60,8 +61,16 @@ def test_10k_events_ordered_per_key_none_lost_none_duplicated_and_resume(setting
 
 def test_bad_messages_go_to_dead_letter_with_reason_and_consumer_goes_on(settings):
     producer = EventProducer(settings)
-    good = EpisodeFinished(run_id="r", trajectory_id="t", group_id="g", task_id="x", outcome="success",
-                           reward=1.0, num_steps=1, reason="ok")
+    good = EpisodeFinished(
+        run_id="r",
+        trajectory_id="t",
+        group_id="g",
+        task_id="x",
+        outcome="success",
+        reward=1.0,
+        num_steps=1,
+        reason="ok",
+    )
     bad = [
         b"\x00\xff garbage",
         b'{"event_type": "StepRecorded", "run_id": "r"}',
@@ -83,8 +92,12 @@ def test_bad_messages_go_to_dead_letter_with_reason_and_consumer_goes_on(setting
     assert [d.event for d in got] == [good]
     assert consumer.dead_lettered == len(bad) + 1
 
-    dlq = KafkaConsumer(topic_name(settings, DEAD_LETTER), bootstrap_servers=settings.kafka_bootstrap,
-                        auto_offset_reset="earliest", consumer_timeout_ms=5000)
+    dlq = KafkaConsumer(
+        topic_name(settings, DEAD_LETTER),
+        bootstrap_servers=settings.kafka_bootstrap,
+        auto_offset_reset="earliest",
+        consumer_timeout_ms=5000,
+    )
     records = list(dlq)
     dlq.close()
     assert sorted(r.value for r in records) == sorted(bad + [good.model_dump_json().encode()])
@@ -105,8 +118,19 @@ def test_read_log_reaches_the_end_of_a_final_multi_record_batch(settings):
     reader that stopped there lost the trainer's last published versions on resume (and the fuzz
     test's last dead letters). Two batches of 600, read 500 records per poll: it must return all 1200."""
     producer = EventProducer(settings, linger_ms=50)
-    events = [EpisodeFinished(run_id="r-end", trajectory_id=f"t{i}", group_id="g", task_id="x", outcome="success",
-                              reward=1.0, num_steps=1, reason="ok") for i in range(1200)]
+    events = [
+        EpisodeFinished(
+            run_id="r-end",
+            trajectory_id=f"t{i}",
+            group_id="g",
+            task_id="x",
+            outcome="success",
+            reward=1.0,
+            num_steps=1,
+            reason="ok",
+        )
+        for i in range(1200)
+    ]
     for chunk in (events[:600], events[600:]):
         producer.publish_all(chunk)  # one acknowledged batch each (same key, same partition)
     producer.close()

@@ -45,10 +45,14 @@ COMMANDS = typer.main.get_command(cli.app).commands
 
 # -- flags derived from the configs -------------------------------------------------------------------
 
+
 def _leaves(config, prefix: str = "") -> list[str]:
     """Every leaf field of a config (pydantic model or dataclass), as its flag: `--train.grpo.k`."""
-    names = list(type(config).model_fields) if isinstance(config, pydantic.BaseModel) else [
-        f.name for f in dataclasses.fields(config)]
+    names = (
+        list(type(config).model_fields)
+        if isinstance(config, pydantic.BaseModel)
+        else [f.name for f in dataclasses.fields(config)]
+    )
     out = []
     for name in names:
         value = getattr(config, name)
@@ -58,10 +62,18 @@ def _leaves(config, prefix: str = "") -> list[str]:
     return out
 
 
-@pytest.mark.parametrize("command, config", [
-    (TrainCommand, TrainConfig(run_id="")), (RunCommand, RunConfig()), (DemoCommand, LearningConfig()),
-    (RolloutCommand, RolloutRequest()), (SFTCommand, SFTConfig(run_ids=[], out_dir=Path("-"))),
-    (EvalCommand, EvalConfig())], ids=["train", "run", "demo", "rollout", "sft", "eval"])
+@pytest.mark.parametrize(
+    "command, config",
+    [
+        (TrainCommand, TrainConfig(run_id="")),
+        (RunCommand, RunConfig()),
+        (DemoCommand, LearningConfig()),
+        (RolloutCommand, RolloutRequest()),
+        (SFTCommand, SFTConfig(run_ids=[], out_dir=Path("-"))),
+        (EvalCommand, EvalConfig()),
+    ],
+    ids=["train", "run", "demo", "rollout", "sft", "eval"],
+)
 def test_every_config_field_is_a_flag(command, config, capsys):
     with pytest.raises(SystemExit) as exit_:
         parse(command, ["--help"], "awrl x", "")
@@ -72,9 +84,21 @@ def test_every_config_field_is_a_flag(command, config, capsys):
 
 
 def test_flags_set_nested_fields_and_refuse_what_the_run_sets():
-    cmd = parse(RunCommand, ["--train.lr", "3e-5", "--train.grpo.normalizer", "token", "--rollout.episode.no-som",
-                             "--minutes", "2", "--rollout.curriculum.enabled"],
-                "awrl run", "")
+    cmd = parse(
+        RunCommand,
+        [
+            "--train.lr",
+            "3e-5",
+            "--train.grpo.normalizer",
+            "token",
+            "--rollout.episode.no-som",
+            "--minutes",
+            "2",
+            "--rollout.curriculum.enabled",
+        ],
+        "awrl run",
+        "",
+    )
     assert (cmd.run.train.lr, cmd.run.train.grpo.normalizer, cmd.run.rollout.episode.som) == (3e-5, "token", False)
     assert cmd.run.rollout.curriculum.enabled and cmd.run.minutes == 2
     from app.errors import ConfigError
@@ -101,17 +125,29 @@ def test_config_files_and_presets(tmp_path):
 def test_rollout_sft_and_eval_flags_set_their_configs(monkeypatch):
     monkeypatch.setenv("AWRL_RUN_ID", "from-env")
     monkeypatch.setenv("AWRL_ROLLOUT_JOURNAL", "/tmp/journal")
-    cmd = parse(RolloutCommand, ["--temperature", "0.5", "--episode.som", "--curriculum.enabled", "--forever",
-                                 "--eta", "2"], "awrl rollout", "")
+    cmd = parse(
+        RolloutCommand,
+        ["--temperature", "0.5", "--episode.som", "--curriculum.enabled", "--forever", "--eta", "2"],
+        "awrl rollout",
+        "",
+    )
     req = cmd.rollout
     assert (req.temperature, req.episode.som, req.curriculum.enabled, req.run_id, str(req.journal_dir)) == (
-        0.5, True, True, "from-env", "/tmp/journal")
+        0.5,
+        True,
+        True,
+        "from-env",
+        "/tmp/journal",
+    )
     assert cmd.forever and cmd.eta == 2 and cmd.groups_per_update == TrainConfig(run_id="").groups_per_update
     sft = parse(SFTCommand, ["--run-ids", "a", "b", "--epochs", "2"], "awrl sft", "").sft
     assert (sft.run_ids, sft.epochs) == (["a", "b"], 2)
     ev = parse(EvalCommand, ["--models", "m1", "m2", "--labels", "x", "y", "--instances", "8"], "awrl eval", "")
-    assert (ev.evaluation.models, ev.evaluation.labels, ev.evaluation.instances) == ((Path("m1"), Path("m2")),
-                                                                                      ("x", "y"), 8)
+    assert (ev.evaluation.models, ev.evaluation.labels, ev.evaluation.instances) == (
+        (Path("m1"), Path("m2")),
+        ("x", "y"),
+        8,
+    )
 
 
 def test_check_args_parses_every_verb_without_running_it():
@@ -123,6 +159,7 @@ def test_check_args_parses_every_verb_without_running_it():
 
 
 # -- defaults stated twice ---------------------------------------------------------------------------------
+
 
 def _defaults(obj) -> dict[str, object]:
     """Field -> default of a pydantic model, a dataclass instance or a function's keyword parameters."""
@@ -168,8 +205,11 @@ def test_choice_types_equal_the_config_models():
 
 # -- runs in the ledger, launched again ------------------------------------------------------------------
 
-RESOLVED = RunConfig(run_id="r1", rollout=dataclasses.replace(RunConfig().rollout, model_dir=Path("m")),
-                     train=TrainConfig(run_id="r1", groups_per_update=2, model_dir=Path("m"), lr=3e-5))
+RESOLVED = RunConfig(
+    run_id="r1",
+    rollout=dataclasses.replace(RunConfig().rollout, model_dir=Path("m")),
+    train=TrainConfig(run_id="r1", groups_per_update=2, model_dir=Path("m"), lr=3e-5),
+)
 
 
 @pytest.fixture(scope="module")
@@ -177,8 +217,12 @@ def ledger(tmp_path_factory) -> Path:
     from test_analysis import run_r1, write_ledger
 
     root = tmp_path_factory.mktemp("cli-ledger")
-    started = RunStarted(run_id="r1", command="run", config_json=pydantic.TypeAdapter(RunConfig).dump_json(RESOLVED)
-                         .decode(), argv=["awrl", "run"])
+    started = RunStarted(
+        run_id="r1",
+        command="run",
+        config_json=pydantic.TypeAdapter(RunConfig).dump_json(RESOLVED).decode(),
+        argv=["awrl", "run"],
+    )
     write_ledger(root, [started, *run_r1()])
     return root
 
@@ -196,11 +240,13 @@ def test_runs_lists_the_ledger_and_show_launches_a_run_again(ledger, tmp_path, c
     (tmp_path / "again.yaml").write_text(shown)
     again = parse(RunCommand, ["--config", str(tmp_path / "again.yaml")], "awrl run", "").run
     # the same run, as a new one: every run id emptied, all else equal
-    assert again == dataclasses.replace(RESOLVED, run_id="", rollout=RESOLVED.rollout,
-                                        train=RESOLVED.train.model_copy(update={"run_id": ""}))
+    assert again == dataclasses.replace(
+        RESOLVED, run_id="", rollout=RESOLVED.rollout, train=RESOLVED.train.model_copy(update={"run_id": ""})
+    )
 
 
 # -- one way to find the stack ---------------------------------------------------------------------------
+
 
 def test_settings_come_from_the_environment_then_dotenv_then_the_local_stack(tmp_path, monkeypatch):
     for name in [k for k in __import__("os").environ if k.startswith("AWRL_")]:
@@ -208,7 +254,8 @@ def test_settings_come_from_the_environment_then_dotenv_then_the_local_stack(tmp
     monkeypatch.chdir(tmp_path)
     (tmp_path / ".awrl" / "stack").mkdir(parents=True)
     (tmp_path / ".awrl" / "stack" / "stack.env").write_text(
-        "AWRL_KAFKA_BOOTSTRAP=127.0.0.1:1\nAWRL_S3_ENDPOINT=127.0.0.1:2\nAWRL_S3_BUCKET=stack\n")
+        "AWRL_KAFKA_BOOTSTRAP=127.0.0.1:1\nAWRL_S3_ENDPOINT=127.0.0.1:2\nAWRL_S3_BUCKET=stack\n"
+    )
     assert (StackSettings().kafka_bootstrap, StackSettings().s3_bucket) == ("127.0.0.1:1", "stack")
     (tmp_path / ".env").write_text("AWRL_S3_ENDPOINT=127.0.0.1:3\nAWRL_S3_BUCKET=dotenv\n")
     s = StackSettings()
@@ -220,6 +267,7 @@ def test_settings_come_from_the_environment_then_dotenv_then_the_local_stack(tmp
 
 
 # -- users' mistakes -----------------------------------------------------------------------------------------
+
 
 def _mistakes(ledger: Path, tmp: Path) -> list[tuple[list[str], int, str]]:
     (tmp / "bad.yaml").write_text("train:\n  lrr: 3\n")
@@ -249,8 +297,11 @@ def _mistakes(ledger: Path, tmp: Path) -> list[tuple[list[str], int, str]]:
         (["train"], 2, "--run-id is required"),
         (["train", "--run-id", "r", "--lr", "-1"], 2, "lr: Input should be greater than 0"),
         (["train", "--run-id", "r", "--nnodes", "2"], 2, "--rdzv-endpoint HOST:PORT is required"),
-        (["train", "--run-id", "r", "--nnodes", "2", "--node-rank", "2", "--rdzv-endpoint", "h:1"], 2,
-         "--node-rank 2 is outside 0..1"),
+        (
+            ["train", "--run-id", "r", "--nnodes", "2", "--node-rank", "2", "--rdzv-endpoint", "h:1"],
+            2,
+            "--node-rank 2 is outside 0..1",
+        ),
         (["eval", "--model-dir", str(tmp / "none")], 2, "not an HF model directory"),
         (["eval", "--models", str(tmp / "none"), str(tmp / "none")], 2, "--models " + str(tmp / "none")),
         (["eval", "--models", str(tmp / "none"), "--labels", "a", "b"], 2, "2 --labels for 1 --models"),
@@ -299,27 +350,61 @@ def test_no_broker_is_a_users_mistake_and_other_kafka_timeouts_stay_bugs():
 
 
 def test_an_unreachable_store_is_one_line_too(tmp_path):
-    env = {"PATH": "/usr/bin:/bin", "AWRL_S3_ACCESS_KEY": "unused", "AWRL_S3_SECRET_KEY": "unused",
-           "AWRL_S3_ENDPOINT": "127.0.0.1:1"}
-    out = subprocess.run([sys.executable, "-m", "app.cli", "sql", "SELECT 1"], cwd=tmp_path, env=env,
-                         capture_output=True, text=True, timeout=120)
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "AWRL_S3_ACCESS_KEY": "unused",
+        "AWRL_S3_SECRET_KEY": "unused",
+        "AWRL_S3_ENDPOINT": "127.0.0.1:1",
+    }
+    out = subprocess.run(
+        [sys.executable, "-m", "app.cli", "sql", "SELECT 1"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
     assert out.stderr.startswith("error: cannot read the ledger at s3://awrl/ledger") and out.stderr.count("\n") == 1
 
 
 # -- output ----------------------------------------------------------------------------------------------------
 
+
 def test_machine_output_is_never_wrapped_and_figures_are_rounded_for_people(ledger, tmp_path):
     long = "x" * 300
     env = {"PATH": "/usr/bin:/bin", "COLUMNS": "40"}
-    for fmt, check in (("json", lambda o: json.loads(o)[0]["t"] == long), ("csv", lambda o: o == f"t\n{long}\n"),
-                       ("markdown", lambda o: o.splitlines()[2] == f"| {long} |")):
-        out = subprocess.run([sys.executable, "-m", "app.cli", "sql", "SELECT repeat('x', 300) AS t", "--format", fmt,
-                              "--ledger", str(ledger)], cwd=tmp_path, env=env, capture_output=True, text=True,
-                             timeout=120)
+    for fmt, check in (
+        ("json", lambda o: json.loads(o)[0]["t"] == long),
+        ("csv", lambda o: o == f"t\n{long}\n"),
+        ("markdown", lambda o: o.splitlines()[2] == f"| {long} |"),
+    ):
+        out = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "app.cli",
+                "sql",
+                "SELECT repeat('x', 300) AS t",
+                "--format",
+                fmt,
+                "--ledger",
+                str(ledger),
+            ],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert out.returncode == 0 and check(out.stdout), (fmt, out.stdout, out.stderr)
     assert (human(2872.737), human(0.12345), human(12.3456), human(1234567), human(None)) == (
-        "2,873", "0.123", "12.35", "1,234,567", "-")
+        "2,873",
+        "0.123",
+        "12.35",
+        "1,234,567",
+        "-",
+    )
 
 
 def test_version_and_help():

@@ -53,8 +53,11 @@ def _write_steps(root: str, events) -> None:
     buf = io.BytesIO()
     pq.write_table(table, buf, compression="zstd")
     _, r = ledger_filesystem(StackSettings(ledger_uri=root))
-    write_atomic(f"{r}/run_id={RUN}/event_type=StepRecorded/part-{datetime.now(UTC):%Y%m%dT%H%M%S%f}-"
-                 f"{uuid.uuid4().hex[:8]}.parquet", buf.getvalue())
+    write_atomic(
+        f"{r}/run_id={RUN}/event_type=StepRecorded/part-{datetime.now(UTC):%Y%m%dT%H%M%S%f}-"
+        f"{uuid.uuid4().hex[:8]}.parquet",
+        buf.getvalue(),
+    )
 
 
 def _steps(group: int) -> list:
@@ -82,9 +85,13 @@ def test_compaction_merges_sorts_and_queries_meanwhile_see_every_row_once(tmp_pa
     def query_loop():
         while not stop.is_set():
             try:
-                seen.append(connect(root).execute(
-                    "SELECT count(*), count(DISTINCT event_id) FROM step_recorded WHERE run_id = $run",
-                    {"run": RUN}).fetchone())
+                seen.append(
+                    connect(root)
+                    .execute(
+                        "SELECT count(*), count(DISTINCT event_id) FROM step_recorded WHERE run_id = $run", {"run": RUN}
+                    )
+                    .fetchone()
+                )
             except Exception as exc:  # noqa: BLE001 - any failure is a test failure, reported below
                 errors.append(repr(exc))
 
@@ -128,14 +135,18 @@ def test_a_compaction_cut_short_before_its_switch_is_invisible_then_cleaned_up(t
     fs, r = ledger_filesystem(StackSettings(ledger_uri=root))
     assert sorted(list_parquet(fs, r)) == sorted(files)  # the orphan output is not read
     assert connect(root).execute("SELECT count(*) FROM step_recorded").fetchone() == (steps,)
-    result = compact_ledger(StackSettings(ledger_uri=root), RUN,
-                            CompactionConfig(min_age_s=0, grace_s=0, abandoned_s=0))
+    result = compact_ledger(
+        StackSettings(ledger_uri=root), RUN, CompactionConfig(min_age_s=0, grace_s=0, abandoned_s=0)
+    )
     assert result["StepRecorded"].deleted == 1 and result["StepRecorded"].rows == steps
     assert connect(root).execute("SELECT count(*), count(DISTINCT event_id) FROM step_recorded").fetchone() == (
-        steps, steps)
+        steps,
+        steps,
+    )
 
 
 # --- passes that overlap (issue: safe compaction) ---------------------------------------------------
+
 
 def _aged(root: str, groups: int = 40) -> tuple[int, list[str]]:
     """Small files older than the default `min_age_s`, as a live run's are a minute on."""
@@ -237,8 +248,9 @@ def test_a_pass_stalled_before_it_writes_or_commits_never_doubles_rows(tmp_path,
     config, now = CompactionConfig(), [time.time()]
 
     def one(name: str):
-        return compaction_steps(fs, _directory(files), set(), config, write_atomic, clock=lambda: now[0], name=name,
-                                safeguards=safeguards)
+        return compaction_steps(
+            fs, _directory(files), set(), config, write_atomic, clock=lambda: now[0], name=name, safeguards=safeguards
+        )
 
     b = one("b")
     _until(b, f"{pause} ")  # not "committing"
@@ -290,8 +302,9 @@ def test_a_reader_whose_listed_manifest_vanishes_lists_again(tmp_path):
     _until(reader, "read")
     listed = set(_listing(fs, _directory(files)))
     later = time.time() + CompactionConfig().grace_s
-    assert run(compaction_steps(fs, _directory(files), set(), CompactionConfig(), write_atomic,
-                                clock=lambda: later)).deleted == len(files)
+    assert run(
+        compaction_steps(fs, _directory(files), set(), CompactionConfig(), write_atomic, clock=lambda: later)
+    ).deleted == len(files)
     live = run(reader).live()
     assert len(live) == 1 and sum(pq.ParquetFile(p).metadata.num_rows for p in live) == steps
     hidden, invisible = manifest_rule(fs, listed)
@@ -311,8 +324,16 @@ def test_a_merge_keeps_one_row_per_event_id(tmp_path, dedupe):
     write_atomic(f"{_directory(files)}/part-again.parquet", open(files[0], "rb").read())  # the same events
     assert _counts(root) == (steps + again, steps)
     fs, _ = ledger_filesystem(StackSettings(ledger_uri=root))
-    merged = run(compaction_steps(fs, _directory(files), set(), CompactionConfig(min_age_s=0), write_atomic,
-                                  safeguards=Safeguards(dedupe=dedupe)))
+    merged = run(
+        compaction_steps(
+            fs,
+            _directory(files),
+            set(),
+            CompactionConfig(min_age_s=0),
+            write_atomic,
+            safeguards=Safeguards(dedupe=dedupe),
+        )
+    )
     assert merged.rows == steps + (0 if dedupe else again)
     assert _counts(root) == (merged.rows, steps)
 
@@ -332,8 +353,12 @@ def test_a_pass_beside_the_dagster_compaction_asset(tmp_path, monkeypatch):
     ledger = Ledger(ledger_uri=root)
 
     def asset():
-        return dg.materialize([compaction], partition_key=RUN, instance=instance,
-                              resources={"ledger": ledger, "io_manager": ParquetIOManager(ledger=ledger)})
+        return dg.materialize(
+            [compaction],
+            partition_key=RUN,
+            instance=instance,
+            resources={"ledger": ledger, "io_manager": ParquetIOManager(ledger=ledger)},
+        )
 
     result, cli = _together(asset, lambda: compact_ledger(StackSettings(ledger_uri=root), RUN)["StepRecorded"])
     assert result.success and cli is not None
@@ -376,8 +401,12 @@ def test_a_pass_killed_half_way_holds_its_files_until_its_claim_is_abandoned(tmp
     that they would stay invisible even if it were only stalled and wrote more."""
     root = str(tmp_path / "ledger")
     steps, _ = _aged(root)
-    killed = subprocess.run([sys.executable, "-c", _KILLED_PASS, root, RUN], cwd=os.getcwd(), timeout=120,
-                            env={**os.environ, "PYTHONPATH": os.getcwd()})
+    killed = subprocess.run(
+        [sys.executable, "-c", _KILLED_PASS, root, RUN],
+        cwd=os.getcwd(),
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": os.getcwd()},
+    )
     assert killed.returncode == -9
     orphans = list((tmp_path / "ledger").rglob("part-compact-*.parquet"))
     assert orphans and _counts(root) == (steps, steps)

@@ -52,6 +52,7 @@ class Stats:
 class World:
     """One directory on an in-memory filesystem, and the event ids of every Parquet file ever written
     there (a path is never reused, so a reader's view can be counted after its files are deleted)."""
+
     safeguards: Safeguards
     now: float = 0.0
     fs: _MockFileSystem = field(default_factory=lambda: _MockFileSystem(current_time=datetime(1970, 1, 1, tzinfo=UTC)))
@@ -88,13 +89,22 @@ class World:
 @functools.cache
 def _parquet(ids: tuple[str, ...], at: int) -> bytes:
     sink = pa.BufferOutputStream()
-    pq.write_table(pa.table({"event_id": ids, "event_type": ["Probe"] * len(ids),
-                             "emitted_at": pa.array([at] * len(ids), pa.timestamp("us", tz="UTC"))}), sink)
+    pq.write_table(
+        pa.table(
+            {
+                "event_id": ids,
+                "event_type": ["Probe"] * len(ids),
+                "emitted_at": pa.array([at] * len(ids), pa.timestamp("us", tz="UTC")),
+            }
+        ),
+        sink,
+    )
     return sink.getvalue().to_pybytes()
 
 
-def _explore(seed: int, safeguards: Safeguards = SAFE, stats: Stats | None = None, trace: bool = False,
-             max_steps: int = 400) -> None:
+def _explore(
+    seed: int, safeguards: Safeguards = SAFE, stats: Stats | None = None, trace: bool = False, max_steps: int = 400
+) -> None:
     """One schedule: raises `Violation` naming `seed` if any reader's view is not every row once."""
     rng, stats = random.Random(seed), stats or Stats()
     world = World(safeguards)
@@ -106,9 +116,16 @@ def _explore(seed: int, safeguards: Safeguards = SAFE, stats: Stats | None = Non
     def spawn_pass() -> None:
         nonlocal passes
         passes += 1
-        actors[f"pass{passes}"] = compaction_steps(world.fs, DIRECTORY, set(), CONFIG, world.put,
-                                                   clock=lambda: world.now, name=f"{passes:02d}",
-                                                   safeguards=safeguards)
+        actors[f"pass{passes}"] = compaction_steps(
+            world.fs,
+            DIRECTORY,
+            set(),
+            CONFIG,
+            world.put,
+            clock=lambda: world.now,
+            name=f"{passes:02d}",
+            safeguards=safeguards,
+        )
 
     def spawn_reader() -> None:
         nonlocal readers
@@ -152,8 +169,16 @@ def _explore(seed: int, safeguards: Safeguards = SAFE, stats: Stats | None = Non
                 world.check(run(view_steps(world.fs, DIRECTORY)), "an instant reader")
         for closing in range(2):  # whoever is left stalls for good; later passes clean up after them
             world.now += CONFIG.abandoned_s + CONFIG.grace_s
-            steps = compaction_steps(world.fs, DIRECTORY, set(), CONFIG, world.put, clock=lambda: world.now,
-                                     name=f"closing{closing}", safeguards=safeguards)
+            steps = compaction_steps(
+                world.fs,
+                DIRECTORY,
+                set(),
+                CONFIG,
+                world.put,
+                clock=lambda: world.now,
+                name=f"closing{closing}",
+                safeguards=safeguards,
+            )
             for action in steps:
                 if trace:
                     print(f"t={world.now:<5} closing{closing}: {action}")
@@ -180,14 +205,17 @@ def test_every_schedule_keeps_every_row_exactly_once():
     for seed in range(2000):
         _explore(seed, SAFE, stats)
     seconds = time.perf_counter() - started
-    print(f"\n{stats.schedules} schedules, {stats.steps} steps in {seconds:.1f} s "
-          f"({stats.schedules / seconds:.0f} schedules/s): {stats.commits} commits, {stats.yielded} passes gave way, "
-          f"{stats.crashed} crashes, {stats.reads} interleaved reads, {stats.tombstones} dead claims tombstoned")
+    print(
+        f"\n{stats.schedules} schedules, {stats.steps} steps in {seconds:.1f} s "
+        f"({stats.schedules / seconds:.0f} schedules/s): {stats.commits} commits, {stats.yielded} passes gave way, "
+        f"{stats.crashed} crashes, {stats.reads} interleaved reads, {stats.tombstones} dead claims tombstoned"
+    )
     assert min(stats.commits, stats.yielded, stats.crashed, stats.tombstones) > 100  # the schedules exercise it
 
 
-@pytest.mark.parametrize("off", [dict(claims=False), dict(listed_outputs=False), dict(dedupe=False)],
-                         ids=lambda d: next(iter(d)))
+@pytest.mark.parametrize(
+    "off", [dict(claims=False), dict(listed_outputs=False), dict(dedupe=False)], ids=lambda d: next(iter(d))
+)
 def test_without_a_safeguard_the_explorer_finds_a_failing_seed(off):
     """The negative controls: claims off is the pre-issue-41 check (a stalled pass commits over a
     finished one: rows twice); listed outputs off is the pre-issue-41 reader (rows missing)."""

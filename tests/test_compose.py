@@ -80,6 +80,7 @@ def test_ports_are_bound_to_loopback_by_default():
 
 # --- the build context ----------------------------------------------------------------------------
 
+
 def _dockerignore_rules(path: Path) -> list[tuple[bool, re.Pattern]]:
     """(include, regex) per line, as moby/patternmatcher reads a .dockerignore: comments and blank
     lines skipped, `!` re-includes, paths cleaned and leading `/` dropped; `*` and `?` stay within one
@@ -122,8 +123,12 @@ def _in_context(rules: list[tuple[bool, re.Pattern]], path: str) -> bool:
 def _project_tree() -> list[str]:
     """Tracked files plus untracked ones git does not ignore (so .venv and build outputs are not
     walked; an ignored .env is kept out of the context by the allow-list anyway, checked below)."""
-    out = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"], cwd=ROOT,
-                         capture_output=True, check=True).stdout
+    out = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
+        cwd=ROOT,
+        capture_output=True,
+        check=True,
+    ).stdout
     return sorted({p for p in out.decode().split("\0") if p and (ROOT / p).is_file()})
 
 
@@ -138,11 +143,25 @@ def _build_context(dest: Path) -> list[str]:
 
 def test_dockerignore_semantics():
     rules = _dockerignore_rules(ROOT / "docker" / "Dockerfile.dockerignore")
-    for kept_out in (".env", ".venv/bin/python", ".git/config", "LICENSE", "tests/test_compose.py",
-                     "app/__pycache__/cli.cpython-311.pyc", "model/x.pyc", "docker/Dockerfile"):
+    for kept_out in (
+        ".env",
+        ".venv/bin/python",
+        ".git/config",
+        "LICENSE",
+        "tests/test_compose.py",
+        "app/__pycache__/cli.cpython-311.pyc",
+        "model/x.pyc",
+        "docker/Dockerfile",
+    ):
         assert not _in_context(rules, kept_out), kept_out
-    for sent in ("pyproject.toml", "README.md", "constraints/cpu.txt", "app/cli.py",
-                 "model/__init__.py", "rollout/suites/sites/templates/base.html"):
+    for sent in (
+        "pyproject.toml",
+        "README.md",
+        "constraints/cpu.txt",
+        "app/cli.py",
+        "model/__init__.py",
+        "rollout/suites/sites/templates/base.html",
+    ):
         assert _in_context(rules, sent), sent
     # No rule ever re-includes a credential file.
     assert not any(include and r.fullmatch(".env") for include, r in rules)
@@ -154,17 +173,37 @@ def _venv(where: Path) -> tuple[Path, Path]:
     line in a .pth is added as is; the `__editable__*.pth` finders in that folder are not run)."""
     subprocess.run([sys._base_executable, "-m", "venv", "--without-pip", str(where)], check=True, timeout=60)
     python = where / "bin" / "python"
-    purelib = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                             capture_output=True, text=True, check=True).stdout.strip()
+    purelib = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     (Path(purelib) / "deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     return python, Path(purelib)
 
 
 def _install(context: Path, target: Path) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "pip", "install", "--no-deps", "--no-build-isolation",
-                             "--no-index", "--quiet", "--disable-pip-version-check", "--target", str(target),
-                             str(context)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_clean_env())
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            "--quiet",
+            "--disable-pip-version-check",
+            "--target",
+            str(target),
+            str(context),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=_clean_env(),
+    )
 
 
 def _clean_env() -> dict[str, str]:
@@ -194,22 +233,31 @@ def test_build_context_installs_and_imports(tmp_path):
     outside = tmp_path / "elsewhere"
     outside.mkdir()
     probe = "import app.cli, model; print(app.cli.__file__)"
-    ok = subprocess.run([str(python), "-c", probe], cwd=outside, capture_output=True, text=True, timeout=120,
-                        env=_clean_env())
+    ok = subprocess.run(
+        [str(python), "-c", probe], cwd=outside, capture_output=True, text=True, timeout=120, env=_clean_env()
+    )
     assert ok.returncode == 0, ok.stderr
     imported = Path(ok.stdout.strip().splitlines()[-1]).resolve()
     assert imported.is_relative_to((tmp_path / "venv").resolve()), imported
     assert not imported.is_relative_to(ROOT), imported
-    cli = subprocess.run([str(python), "-m", "app.cli", "--help"], cwd=outside, capture_output=True, text=True,
-                         timeout=120, env=_clean_env())
+    cli = subprocess.run(
+        [str(python), "-m", "app.cli", "--help"],
+        cwd=outside,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=_clean_env(),
+    )
     assert cli.returncode == 0 and "Usage" in cli.stdout, cli.stdout + cli.stderr
 
-    bad = subprocess.run([str(python_broken), "-c", probe], cwd=outside, capture_output=True, text=True,
-                         timeout=120, env=_clean_env())
+    bad = subprocess.run(
+        [str(python_broken), "-c", probe], cwd=outside, capture_output=True, text=True, timeout=120, env=_clean_env()
+    )
     assert bad.returncode != 0 and "No module named 'model'" in bad.stderr, bad.stdout + bad.stderr
 
 
 # --- what the services run ------------------------------------------------------------------------
+
 
 def _argv(command) -> list[str]:
     if isinstance(command, str):
@@ -226,13 +274,22 @@ def test_every_awrl_command_parses():
 
     calls = []
     for name, service in model()["services"].items():
-        for what, command in (("command", service.get("command")),
-                              ("healthcheck", (service.get("healthcheck") or {}).get("test"))):
+        for what, command in (
+            ("command", service.get("command")),
+            ("healthcheck", (service.get("healthcheck") or {}).get("test")),
+        ):
             argv = _argv(command)
             if argv and argv[0] == "awrl":
                 calls.append((f"{name} {what}", argv))
-    assert {c for c, _ in calls} >= {"rollout command", "trainer command", "ledger command", "demo command",
-                                     "rollout healthcheck", "trainer healthcheck", "ledger healthcheck"}
+    assert {c for c, _ in calls} >= {
+        "rollout command",
+        "trainer command",
+        "ledger command",
+        "demo command",
+        "rollout healthcheck",
+        "trainer healthcheck",
+        "ledger healthcheck",
+    }
     for where, argv in calls:
         assert check_args(argv[1:]) is None, f"{where}: {shlex.join(argv)}: {check_args(argv[1:])}"
 
@@ -249,8 +306,13 @@ def _compose_variables() -> set[str]:
 
 def test_every_compose_variable_is_documented():
     names = _compose_variables()
-    assert {"AWRL_MODELS_DIR", "AWRL_POLICY_MODEL", "AWRL_TRAINER_NPROC", "AWRL_TRAINER_GPUS",
-            "AWRL_TORCH_BUILD"} <= names
+    assert {
+        "AWRL_MODELS_DIR",
+        "AWRL_POLICY_MODEL",
+        "AWRL_TRAINER_NPROC",
+        "AWRL_TRAINER_GPUS",
+        "AWRL_TORCH_BUILD",
+    } <= names
     lines = ENV_EXAMPLE.read_text().splitlines()
     problems = []
     for name in sorted(names):
@@ -296,6 +358,7 @@ def test_trainer_reserves_gpus_and_starts_from_the_served_model(tmp_path):
 
     def models_mount(service):
         return [(v["source"], v.get("read_only", False)) for v in service["volumes"] if v["target"] == "/models"]
+
     assert models_mount(trainer) == models_mount(rollout) == models_mount(vllm) != []
     assert all(ro for _, ro in models_mount(trainer) + models_mount(rollout))
 
@@ -305,8 +368,12 @@ def test_trainer_reserves_gpus_and_starts_from_the_served_model(tmp_path):
     assert services["trainer"]["deploy"]["resources"]["reservations"]["devices"][0]["count"] == -1  # all
     assert _flag(services["trainer"]["command"], "--nproc") == "8"
     assert _flag(services["rollout"]["command"], "--model-dir") == "/models/qwen3-vl"
-    assert model(_env_with(tmp_path, AWRL_TRAINER_GPUS="4"))["services"]["trainer"]["deploy"]["resources"][
-        "reservations"]["devices"][0]["count"] == 4
+    assert (
+        model(_env_with(tmp_path, AWRL_TRAINER_GPUS="4"))["services"]["trainer"]["deploy"]["resources"]["reservations"][
+            "devices"
+        ][0]["count"]
+        == 4
+    )
 
 
 def test_image_torch_build_follows_env(tmp_path):

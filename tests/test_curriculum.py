@@ -51,9 +51,19 @@ def test_the_window_forgets_old_outcomes_and_no_band_falls_back_to_all():
         curriculum.record(task_id, [0.0] * 4)
     assert not any(s.in_band for s in curriculum.state())
     assert set(_draw(curriculum, 60)) == {"red", "any", "colour"}  # nothing in band: every family
-    curriculum.on_event(GroupCompleted(run_id="r", group_id="g", task_id="boxes-red-3", trajectory_ids=["a", "b"],
-                                       rewards=[1.0, 1.0], num_steps=[1, 1], outcomes=["success"] * 2,
-                                       min_policy_version=0, max_policy_version=0))
+    curriculum.on_event(
+        GroupCompleted(
+            run_id="r",
+            group_id="g",
+            task_id="boxes-red-3",
+            trajectory_ids=["a", "b"],
+            rewards=[1.0, 1.0],
+            num_steps=[1, 1],
+            outcomes=["success"] * 2,
+            min_policy_version=0,
+            max_policy_version=0,
+        )
+    )
     assert {s.family: s.success for s in curriculum.state()}["red"] == 0.5  # two old failures fell out
     assert set(_draw(curriculum, 60)) == {"red"}
 
@@ -65,7 +75,8 @@ def test_outcomes_of_unseen_seeds_count_for_their_template_and_unknown_ids_are_i
     curriculum.record(test_task.task_id, [1.0])
     curriculum.record("miniwob-click-button-3", [1.0])
     assert {s.family: s.episodes for s in curriculum.state()} == {"any": 0, "colour": 0, "red": 0} | {
-        test_task.template: 1}
+        test_task.template: 1
+    }
 
 
 def _ids(curriculum: Curriculum, n: int) -> list[str]:
@@ -73,10 +84,17 @@ def _ids(curriculum: Curriculum, n: int) -> list[str]:
 
 
 def _group(task_id: str, rewards: list[float]) -> GroupCompleted:
-    return GroupCompleted(run_id="r", group_id=uuid.uuid4().hex, task_id=task_id,
-                          trajectory_ids=[f"t{i}" for i in range(len(rewards))], rewards=rewards,
-                          num_steps=[1] * len(rewards), outcomes=["success" if r else "failure" for r in rewards],
-                          min_policy_version=0, max_policy_version=0)
+    return GroupCompleted(
+        run_id="r",
+        group_id=uuid.uuid4().hex,
+        task_id=task_id,
+        trajectory_ids=[f"t{i}" for i in range(len(rewards))],
+        rewards=rewards,
+        num_steps=[1] * len(rewards),
+        outcomes=["success" if r else "failure" for r in rewards],
+        min_policy_version=0,
+        max_policy_version=0,
+    )
 
 
 def test_instances_whose_last_groups_were_all_equal_are_skipped():
@@ -116,8 +134,9 @@ def test_a_skip_runs_out_after_its_passes_and_an_all_equal_retry_skips_again():
 def test_a_closed_family_comes_back_and_all_skipped_falls_back_to_every_instance():
     red_any = [t for t in TASKS_ if t.template in ("red", "any")]
     # low = 0: red's failures keep it in band, so only its skips keep it out
-    curriculum = Curriculum(red_any, CurriculumConfig(low=0.0, explore=0.0, skip_uninformative=1, skip_passes=2),
-                            seed=6)
+    curriculum = Curriculum(
+        red_any, CurriculumConfig(low=0.0, explore=0.0, skip_uninformative=1, skip_passes=2), seed=6
+    )
     for seed in range(5):
         curriculum.record_group(f"boxes-red-{seed}", [0.0, 0.0])
     # every red instance skipped: red is not drawn; its clock moves 1 a draw (one open family), so its
@@ -156,19 +175,32 @@ def test_the_ledger_gives_the_share_of_informative_groups_and_their_rate(tmp_pat
     """One dispatch at t0, four groups completed by t0 + 2 min, one with unequal rewards: a share of
     1/4 and 1 / 2 min = 0.5 informative groups a minute. Another run's group is not counted."""
     t0 = datetime(2026, 1, 1, tzinfo=UTC)
-    events = [TaskGroupDispatched(run_id="r", group_id="g0", task_id="boxes-red-0", suite="boxes", seed=0,
-                                  group_size=2, horizon=1, dispatched_at_version=0, emitted_at=t0)]
+    events = [
+        TaskGroupDispatched(
+            run_id="r",
+            group_id="g0",
+            task_id="boxes-red-0",
+            suite="boxes",
+            seed=0,
+            group_size=2,
+            horizon=1,
+            dispatched_at_version=0,
+            emitted_at=t0,
+        )
+    ]
     for i, rewards in enumerate([[1.0, 1.0], [0.0, 0.0], [1.0, 0.0], [0.0, 0.0]]):
-        events.append(_group("boxes-red-0", rewards).model_copy(
-            update={"emitted_at": t0 + timedelta(seconds=30 * (i + 1))}))
+        events.append(
+            _group("boxes-red-0", rewards).model_copy(update={"emitted_at": t0 + timedelta(seconds=30 * (i + 1))})
+        )
     events.append(_group("boxes-red-1", [1.0, 0.0]).model_copy(update={"run_id": "other"}))
     for (run, kind), batch in _by(events, lambda e: (e.run_id, type(e).__name__)).items():
         directory = tmp_path / f"run_id={run}" / f"event_type={kind}"
         directory.mkdir(parents=True)
         pq.write_table(events_to_table(batch), directory / "part-0.parquet")
     con = connect(tmp_path)
-    assert informative_groups(con, "r") == InformativeGroups(groups=4, informative=1, share=0.25, minutes=2.0,
-                                                             per_minute=0.5)
+    assert informative_groups(con, "r") == InformativeGroups(
+        groups=4, informative=1, share=0.25, minutes=2.0, per_minute=0.5
+    )
     assert informative_groups(con, "nobody") == InformativeGroups(0, 0, None, None, None)
 
 
@@ -184,12 +216,23 @@ def test_a_run_is_seeded_from_the_ledger_and_dispatches_in_band_families_only(se
     dispatches red only (no exploration); its dispatched groups on the real broker show it."""
     prior = f"prior-{uuid.uuid4().hex[:6]}"
     producer = EventProducer(settings)
-    producer.publish_all([
-        EpisodeFinished(run_id=prior, trajectory_id=f"t{i}", group_id=f"g{i}", task_id=task_id, num_steps=1,
-                        outcome="success" if reward else "failure", reward=reward, reason="judged")
-        for i, (task_id, reward) in enumerate([("boxes-any-1", 1.0)] * 8
-                                              + [("boxes-red-1", 1.0), ("boxes-red-2", 0.0)] * 4)
-    ])
+    producer.publish_all(
+        [
+            EpisodeFinished(
+                run_id=prior,
+                trajectory_id=f"t{i}",
+                group_id=f"g{i}",
+                task_id=task_id,
+                num_steps=1,
+                outcome="success" if reward else "failure",
+                reward=reward,
+                reason="judged",
+            )
+            for i, (task_id, reward) in enumerate(
+                [("boxes-any-1", 1.0)] * 8 + [("boxes-red-1", 1.0), ("boxes-red-2", 0.0)] * 4
+            )
+        ]
+    )
     producer.close()
     LedgerWriter(settings).sync(idle_exit_s=2.0)
     probe = Curriculum(TASKS_, CurriculumConfig())
@@ -197,9 +240,21 @@ def test_a_run_is_seeded_from_the_ledger_and_dispatches_in_band_families_only(se
     assert {s.family: s.success for s in probe.state()} == {"any": 1.0, "colour": None, "red": 0.5}
 
     run_id = f"curr-{uuid.uuid4().hex[:6]}"
-    stats = run_rollout(settings, RolloutRequest(
-        suite="boxes", policy="oracle", workers=2, group_size=2, episodes=8, templates=("red", "any"),
-        run_id=run_id, curriculum=CurriculumConfig(explore=0.0), curriculum_from=(prior,)), show_progress=False)
+    stats = run_rollout(
+        settings,
+        RolloutRequest(
+            suite="boxes",
+            policy="oracle",
+            workers=2,
+            group_size=2,
+            episodes=8,
+            templates=("red", "any"),
+            run_id=run_id,
+            curriculum=CurriculumConfig(explore=0.0),
+            curriculum_from=(prior,),
+        ),
+        show_progress=False,
+    )
     assert stats.episodes == 8
     dispatched = [e for e in read_log(settings, TASKS) if isinstance(e, TaskGroupDispatched) and e.run_id == run_id]
     assert len(dispatched) == 4 and {e.task_id.split("-")[1] for e in dispatched} == {"red"}

@@ -25,8 +25,14 @@ from test_assets import ASSETS, RUN, write_sample_run
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(720)]
 
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync"]
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 RUNS = "{ runsOrError { ... on Runs { results { runId status tags { key value } } } } }"
 
 
@@ -37,8 +43,9 @@ def _free_port() -> int:
 
 
 def _graphql(base: str, query: str) -> dict:
-    req = urllib.request.Request(f"{base}/graphql", data=json.dumps({"query": query}).encode(),
-                                 headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        f"{base}/graphql", data=json.dumps({"query": query}).encode(), headers={"Content-Type": "application/json"}
+    )
     with urllib.request.urlopen(req, timeout=30) as resp:
         return json.load(resp)["data"]
 
@@ -65,10 +72,23 @@ def dagster_dev_server(tmp_path: Path, env: dict[str, str]):
     log = open(tmp_path / "dagster_dev.log", "wb")
     started = time.monotonic()
     proc = subprocess.Popen(
-        [str(Path(sys.executable).with_name("dagster")), "dev", "-m", "assets", "-h", "127.0.0.1",
-         "-p", base.rsplit(":", 1)[1]], cwd=tmp_path, env={**os.environ, **env, "DAGSTER_HOME": str(home)},
-        stdout=log, stderr=subprocess.STDOUT,
-        start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+        [
+            str(Path(sys.executable).with_name("dagster")),
+            "dev",
+            "-m",
+            "assets",
+            "-h",
+            "127.0.0.1",
+            "-p",
+            base.rsplit(":", 1)[1],
+        ],
+        cwd=tmp_path,
+        env={**os.environ, **env, "DAGSTER_HOME": str(home)},
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
 
     def up():
         assert proc.poll() is None, (tmp_path / "dagster_dev.log").read_text()[-3000:]
@@ -137,8 +157,11 @@ def wait_for_partitions(base: str, asset: str) -> list[str]:
     """The partitions of `asset`, once the sensor has added at least one."""
     query = '{ assetNodeOrError(assetKey: {path: ["%s"]}) { ... on AssetNode { partitionKeys } } }' % asset  # noqa: UP031 - GraphQL: an f-string doubles every brace
     t0 = time.monotonic()
-    keys = _wait("the sensor to add the run partition",
-                 lambda: _graphql(base, query)["assetNodeOrError"]["partitionKeys"], timeout=SENSOR_WAIT_S)
+    keys = _wait(
+        "the sensor to add the run partition",
+        lambda: _graphql(base, query)["assetNodeOrError"]["partitionKeys"],
+        timeout=SENSOR_WAIT_S,
+    )
     print(f"sensor added the partition after {time.monotonic() - t0:.1f} s")
     return keys
 

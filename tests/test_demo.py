@@ -21,8 +21,11 @@ def test_every_verb_has_help():
     top = subprocess.run([sys.executable, "-m", "app.cli", "--help"], capture_output=True, text=True)
     assert top.returncode == 0
     root = typer.main.get_command(app)
-    verbs = [[name, *([sub] if sub else [])] for name, cmd in root.commands.items()
-             for sub in [None, *getattr(cmd, "commands", {})]]
+    verbs = [
+        [name, *([sub] if sub else [])]
+        for name, cmd in root.commands.items()
+        for sub in [None, *getattr(cmd, "commands", {})]
+    ]
     assert len(verbs) >= 20
     for verb in verbs:
         out = CliRunner().invoke(app, [*verb, "--help"])

@@ -51,8 +51,17 @@ def test_paired_evaluation_runs_every_policy_on_the_same_instances(settings):
     from pipeline.ledger import read_events
 
     policies = [EvalPolicy("untrained", ensure_policy(), 1.0), EvalPolicy("oracle", policy="oracle")]
-    paired = evaluate_paired(settings, policies, suite="boxes", split="test", difficulty=None, instances=4, samples=2,
-                             workers=4, show_progress=False)
+    paired = evaluate_paired(
+        settings,
+        policies,
+        suite="boxes",
+        split="test",
+        difficulty=None,
+        instances=4,
+        samples=2,
+        workers=4,
+        show_progress=False,
+    )
     assert len(paired.task_ids) == len(set(paired.task_ids)) == 4
     for p in paired.policies:
         assert p.task_ids == paired.task_ids and p.episodes == (2, 2, 2, 2), p
@@ -81,15 +90,16 @@ def test_the_learning_loop_pairs_its_points_and_beats_the_best_sharpening_baseli
     assert (len(ids), samples) == (16, 4) and eval_design(LearningConfig(suite="miniwob", eval_episodes=64))[0] == ids
 
     def stage(label, successes, samples=2, temperature=1.0):
-        return InstanceCounts(label, f"r-eval-{label}", temperature, ("a", "b"), successes,
-                              (samples, samples), 10, 0)
+        return InstanceCounts(label, f"r-eval-{label}", temperature, ("a", "b"), successes, (samples, samples), 10, 0)
 
     rl, sft = stage("rl", (2, 1)), stage("sft", (1, 0))
     assert [str(d) for d in rl_gains({"rl": rl, "sft": sft}, ())] == [
-        "rl - sft: +0.500 (95% CI +0.500 to +0.500, paired bootstrap over 2 instances)"]
+        "rl - sft: +0.500 (95% CI +0.500 to +0.500, paired bootstrap over 2 instances)"
+    ]
     # greedy SFT solves instance a (1 of 1), so it beats SFT at T=1: RL is compared with it too
     greedy, tepid = stage("sft-t0", (1, 0), 1, 0.0), stage("sft-t0.5", (0, 0), 2, 0.5)
     gains = rl_gains({"rl": rl, "sft": sft, "sft-t0": greedy, "sft-t0.5": tepid}, (0.0, 0.5))
     assert [(d.minuend, d.subtrahend, d.diff) for d in gains] == [("rl", "sft", 0.5), ("rl", "sft-t0", 0.25)]
     assert rl_gains({"sft": sft}, (0.0,)) == [] and rl_gains({"rl": rl, "sft": sft, "sft-t0": sft}, (0.0,)) == [
-        rl.minus(sft)]
+        rl.minus(sft)
+    ]

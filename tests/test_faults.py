@@ -59,15 +59,18 @@ def _publish_through_a_restart(settings, run_id: str, restart):
     return publisher, writer, down_at
 
 
-@pytest.mark.skipif(not os.environ.get("AWRL_COMPOSE_KAFKA"),
-                    reason="set AWRL_COMPOSE_KAFKA=1 with `docker compose up` running to test Apache Kafka")
+@pytest.mark.skipif(
+    not os.environ.get("AWRL_COMPOSE_KAFKA"),
+    reason="set AWRL_COMPOSE_KAFKA=1 with `docker compose up` running to test Apache Kafka",
+)
 def test_compose_kafka_restart_loses_nothing(settings, tmp_path):
     """The same fault against docker compose's Apache Kafka, whose log is on a volume: nothing may be lost."""
     settings = settings.model_copy(update={"kafka_bootstrap": "127.0.0.1:9092", "ledger_uri": str(tmp_path / "l")})
     create_topics(settings)
     run_id = f"restart-{uuid.uuid4().hex[:6]}"
-    publisher, _, _ = _publish_through_a_restart(settings, run_id, lambda: subprocess.run(
-        ["docker", "compose", "restart", "kafka"], check=True, timeout=300))
+    publisher, _, _ = _publish_through_a_restart(
+        settings, run_id, lambda: subprocess.run(["docker", "compose", "restart", "kafka"], check=True, timeout=300)
+    )
     row = account("broker (Apache Kafka, compose) restarted mid-run", publisher.acked, settings, run_id)
     assert row.lost == 0 and row.duplicated == 0
 
@@ -80,14 +83,19 @@ def run_pool(settings, suite, groups: int, during=None, workers: int = 2, group_
     easy = [t for t in suite.tasks("train") if t.difficulty == "easy"]
     dispatch(producer, run_id, task_stream(easy, seed=2), groups, group_size)
     producer.close()
-    pool = RolloutPool(settings, {suite.name: suite}, OraclePolicy({suite.name: suite}),
-                       PoolConfig(workers=workers, run_id=run_id, consumer_group=f"rollout-{run_id}",
-                                  episode=EpisodeConfig()))
+    pool = RolloutPool(
+        settings,
+        {suite.name: suite},
+        OraclePolicy({suite.name: suite}),
+        PoolConfig(workers=workers, run_id=run_id, consumer_group=f"rollout-{run_id}", episode=EpisodeConfig()),
+    )
     if during is not None:
+
         def watch():
             while pool.store.stats.puts + pool.store.stats.dedup_hits == 0:
                 time.sleep(0.1)
             during(pool)
+
         threading.Thread(target=watch, daemon=True).start()
     stats = asyncio.run(pool.run(max_groups=groups))
     return run_id, stats
@@ -104,8 +112,7 @@ def sync_ledger(settings, tmp_path):
 
 
 @pytest.mark.slow
-def test_object_store_down_30s_pauses_rollout_and_no_event_names_a_missing_screenshot(stack, settings, sites,
-                                                                                        tmp_path):
+def test_object_store_down_30s_pauses_rollout_and_no_event_names_a_missing_screenshot(stack, settings, sites, tmp_path):
     outage = {}
 
     def take_s3_down(pool):
@@ -120,9 +127,14 @@ def test_object_store_down_30s_pauses_rollout_and_no_event_names_a_missing_scree
     missing = {e.screenshot_sha256 for e in steps if not store.exists(e.screenshot_sha256)}
     finished = [e for e in events if isinstance(e, EpisodeFinished)]
     ledger = sync_ledger(settings, tmp_path)
-    row = account("object store down 30 s mid-run", log_ids(settings, run_id), ledger, run_id,
-                  note=f"pool paused {stats.store_waited_s:.0f} s and resumed; {stats.env_errors} episodes "
-                       f"failed; {len(steps)} steps, 0 name a missing screenshot")
+    row = account(
+        "object store down 30 s mid-run",
+        log_ids(settings, run_id),
+        ledger,
+        run_id,
+        note=f"pool paused {stats.store_waited_s:.0f} s and resumed; {stats.env_errors} episodes "
+        f"failed; {len(steps)} steps, 0 name a missing screenshot",
+    )
     assert outage["s"] >= 30 and stats.store_waited_s > 10
     assert not missing
     assert stats.groups == 2 and sum(isinstance(e, GroupCompleted) for e in events) == 2
@@ -142,8 +154,12 @@ def test_store_gives_up_after_its_patience_with_the_cause(settings):
 
 def _quota(stack, bucket: str, *args: str) -> None:
     conf = stack.data_dir / "ceph" / "ceph.conf"
-    subprocess.run(["radosgw-admin", "-c", str(conf), "quota", *args, "--quota-scope=bucket", f"--bucket={bucket}"],
-                   check=True, capture_output=True, timeout=60)
+    subprocess.run(
+        ["radosgw-admin", "-c", str(conf), "quota", *args, "--quota-scope=bucket", f"--bucket={bucket}"],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
 
 
 @pytest.mark.slow
@@ -174,9 +190,14 @@ def test_object_store_full_pauses_with_a_clear_error_then_resumes(stack, setting
         _quota(stack, bucket, "disable")
     events = run_events(settings, run_id)
     ledger = sync_ledger(settings, tmp_path)
-    row = account("object store full (bucket quota)", log_ids(settings, run_id), ledger, run_id,
-                  note=f"pool paused {stats.store_waited_s:.0f} s with `object store full` and resumed; "
-                       f"{stats.env_errors} episodes failed")
+    row = account(
+        "object store full (bucket quota)",
+        log_ids(settings, run_id),
+        ledger,
+        run_id,
+        note=f"pool paused {stats.store_waited_s:.0f} s with `object store full` and resumed; "
+        f"{stats.env_errors} episodes failed",
+    )
     assert _said_full(caplog)
     assert state["episodes"] == state["episodes_later"] and stats.store_waited_s >= 9
     assert stats.groups == 2 and stats.env_errors == 0
@@ -198,8 +219,21 @@ def test_patiently_passes_real_errors_through(settings):
 def _pool_process(settings, run_id: str, journal, groups: int):
     """`awrl rollout` serving the run's dispatched groups (a pool process as deployed)."""
     env = {**os.environ, **settings.environ(), "AWRL_ROLLOUT_JOURNAL": str(journal)}
-    argv = [sys.executable, "-m", "app.cli", "rollout", "--no-dispatch", "--run-id", run_id, "--workers", "1",
-            "--group-size", "2", "--episodes", str(2 * groups)]
+    argv = [
+        sys.executable,
+        "-m",
+        "app.cli",
+        "rollout",
+        "--no-dispatch",
+        "--run-id",
+        run_id,
+        "--workers",
+        "1",
+        "--group-size",
+        "2",
+        "--episodes",
+        str(2 * groups),
+    ]
     return subprocess.Popen(argv, env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 
@@ -236,9 +270,14 @@ def test_killed_pool_process_its_episodes_end_as_env_error_and_its_group_is_reru
     events = run_events(settings, run_id)
     closed = {e.trajectory_id: e for e in events if isinstance(e, EpisodeFinished) and e.outcome == "env_error"}
     ledger = sync_ledger(settings, tmp_path)
-    row = account("rollout pool process SIGKILLed mid-episode", log_ids(settings, run_id), ledger, run_id,
-                  note=f"{len(open_at_kill)} open episode(s) ended as env_error by the replacement; "
-                       f"all {groups} groups completed")
+    row = account(
+        "rollout pool process SIGKILLed mid-episode",
+        log_ids(settings, run_id),
+        ledger,
+        run_id,
+        note=f"{len(open_at_kill)} open episode(s) ended as env_error by the replacement; "
+        f"all {groups} groups completed",
+    )
     assert dispatched <= _completed(settings, run_id)
     assert set(open_at_kill) <= set(closed)
     assert all("died mid-episode" in closed[t].reason and closed[t].num_steps == n for t, n in open_at_kill.items())

@@ -31,8 +31,11 @@ from test_train_resume import publish_groups, published, trainer_events
 
 def corrupt_one_screenshot(settings, run_id: str, group_id: str) -> str:
     """Overwrite one of the group's stored screenshots in place (same key, one byte flipped)."""
-    sha = next(e.screenshot_sha256 for e in read_log(settings, ROLLOUT)
-               if isinstance(e, StepRecorded) and e.run_id == run_id and e.group_id == group_id)
+    sha = next(
+        e.screenshot_sha256
+        for e in read_log(settings, ROLLOUT)
+        if isinstance(e, StepRecorded) and e.run_id == run_id and e.group_id == group_id
+    )
     store = ScreenshotStore.from_settings(settings)
     data = bytearray(store.get(sha))
     data[len(data) // 2] ^= 0xFF
@@ -61,8 +64,13 @@ def test_corrupted_screenshot_drops_its_group_and_training_goes_on(settings, tmp
     path.write_text(config.model_dump_json())
     log = tmp_path / "trainer.log"
     with log.open("w") as out:
-        proc = subprocess.Popen(torchrun_command(config, path, 1), env={**os.environ, **settings.environ()},
-                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            torchrun_command(config, path, 1),
+            env={**os.environ, **settings.environ()},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         try:
             wait_for_drop(settings, run_id, proc)
             healthy += publish_groups(settings, run_id, 1, first=2)
@@ -82,8 +90,13 @@ def test_corrupted_screenshot_drops_its_group_and_training_goes_on(settings, tmp
 
     ledger = settings.model_copy(update={"ledger_uri": str(tmp_path / "ledger")})
     LedgerWriter(ledger).sync(idle_exit_s=2)
-    row = account("stored screenshot corrupted", log_ids(settings, run_id), ledger, run_id,
-                  note=f"group dropped as screenshot_corrupted; {len(healthy)} others trained")
+    row = account(
+        "stored screenshot corrupted",
+        log_ids(settings, run_id),
+        ledger,
+        run_id,
+        note=f"group dropped as screenshot_corrupted; {len(healthy)} others trained",
+    )
     assert row.lost == 0 and row.duplicated == 0 and row.rows == row.produced, row
 
 
@@ -108,6 +121,11 @@ def test_a_group_whose_screenshot_is_missing_is_dropped(settings, tmp_path):
 
     ledger = settings.model_copy(update={"ledger_uri": str(tmp_path / "ledger")})
     LedgerWriter(ledger).sync(idle_exit_s=2)
-    row = account("stored screenshot missing", log_ids(settings, run_id), ledger, run_id,
-                  note="group dropped as screenshot_missing by the batch builder")
+    row = account(
+        "stored screenshot missing",
+        log_ids(settings, run_id),
+        ledger,
+        run_id,
+        note="group dropped as screenshot_missing by the batch builder",
+    )
     assert row.lost == 0 and row.duplicated == 0 and row.rows == row.produced, row

@@ -54,17 +54,39 @@ def test_awrl_train_takes_a_bf16_update_of_the_full_qwen3_vl_2b_architecture(set
     run_id = f"gpu2b-{uuid.uuid4().hex[:6]}"
     publish_groups(settings, run_id, 1)  # sampled by the tiny VLM: the same tokenizer, so valid token ids
     gpus = torch.cuda.device_count()
-    out = subprocess.run([sys.executable, "-m", "app.cli", "train", "--run-id", run_id, "--model-dir", str(model_dir),
-                          "--groups-per-update", "1", "--max-updates", "1", "--batch-timeout-s", "60",
-                          "--nproc", str(gpus)], env={**os.environ, **settings.environ()},
-                         capture_output=True, text=True, timeout=900)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "app.cli",
+            "train",
+            "--run-id",
+            run_id,
+            "--model-dir",
+            str(model_dir),
+            "--groups-per-update",
+            "1",
+            "--max-updates",
+            "1",
+            "--batch-timeout-s",
+            "60",
+            "--nproc",
+            str(gpus),
+        ],
+        env={**os.environ, **settings.environ()},
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     events = trainer_events(settings, run_id)
     (update,) = [e for e in events if isinstance(e, UpdateApplied)]
     assert [v.version for v in published(events)] == [0, 1] and math.isfinite(update.loss)
     assert len(update.memory) == gpus and all(m.device == "cuda" and m.peak_bytes > 0 for m in update.memory)
     for m in update.memory:
-        print(f"\n2B bf16 update, rank {m.rank}/{gpus}: params {m.params_bytes / 2**30:.2f} GiB, grads "
-              f"{m.grads_bytes / 2**30:.2f}, optimizer {m.optimizer_bytes / 2**30:.2f}, "
-              f"peak {m.peak_bytes / 2**30:.2f} GiB; "
-              f"update {update.compute_s:.1f} s")
+        print(
+            f"\n2B bf16 update, rank {m.rank}/{gpus}: params {m.params_bytes / 2**30:.2f} GiB, grads "
+            f"{m.grads_bytes / 2**30:.2f}, optimizer {m.optimizer_bytes / 2**30:.2f}, "
+            f"peak {m.peak_bytes / 2**30:.2f} GiB; "
+            f"update {update.compute_s:.1f} s"
+        )

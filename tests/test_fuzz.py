@@ -44,18 +44,49 @@ SHA = "ef" * 32
 
 def _events(run_id: str, group_id: str):
     """One of every event type, as the system emits them (a rollout group plus the other topics)."""
-    yield TaskGroupDispatched(run_id=run_id, group_id=group_id, task_id="t", suite="sites", seed=1, group_size=2,
-                              horizon=5, dispatched_at_version=0)
+    yield TaskGroupDispatched(
+        run_id=run_id,
+        group_id=group_id,
+        task_id="t",
+        suite="sites",
+        seed=1,
+        group_size=2,
+        horizon=5,
+        dispatched_at_version=0,
+    )
     yield from sample_group(run_id, group_id, [SHA], group_size=2, steps=2, seed=7)
-    yield UpdateApplied(run_id=run_id, update_step=0, version_before=0, version_after=1, group_ids=[group_id],
-                        trajectory_ids=[f"{group_id}-t0"], loss=0.5, grad_norm=1.0, stats={"kl": 0.0},
-                        config_json="{}", weights_sha256=SHA, duration_s=1.0)
-    yield PolicyVersionPublished(run_id=run_id, version=1, checkpoint_uri="s3://awrl/v1", checkpoint_sha256=SHA,
-                                 update_step=0, parent_version=0)
-    yield GroupDropped(run_id=run_id, group_id=group_id, task_id="t", reason="stale", trainer_version=3,
-                       min_policy_version=0)
-    yield EvaluationCompleted(run_id=run_id, stage="rl", eval_run_id=f"{run_id}-eval", policy_version=1,
-                              suite="sites", split="test", episodes=10, successes=5, ci95_low=0.2, ci95_high=0.8)
+    yield UpdateApplied(
+        run_id=run_id,
+        update_step=0,
+        version_before=0,
+        version_after=1,
+        group_ids=[group_id],
+        trajectory_ids=[f"{group_id}-t0"],
+        loss=0.5,
+        grad_norm=1.0,
+        stats={"kl": 0.0},
+        config_json="{}",
+        weights_sha256=SHA,
+        duration_s=1.0,
+    )
+    yield PolicyVersionPublished(
+        run_id=run_id, version=1, checkpoint_uri="s3://awrl/v1", checkpoint_sha256=SHA, update_step=0, parent_version=0
+    )
+    yield GroupDropped(
+        run_id=run_id, group_id=group_id, task_id="t", reason="stale", trainer_version=3, min_policy_version=0
+    )
+    yield EvaluationCompleted(
+        run_id=run_id,
+        stage="rl",
+        eval_run_id=f"{run_id}-eval",
+        policy_version=1,
+        suite="sites",
+        split="test",
+        episodes=10,
+        successes=5,
+        ci95_low=0.2,
+        ci95_high=0.8,
+    )
 
 
 POOL = [(topic_of(e), encode_event(e)) for e in _events("fuzz", "fuzz-g")]
@@ -105,11 +136,13 @@ topics = st.sampled_from(TOPICS)
 # Keys and headers ride along to the dead-letter topic; a few fixed shapes (one draw each) cover that.
 keys = st.sampled_from([None, b"k0", b"k1", b"k2", b"k3", b"fuzz-g", b"", b"\xff\x00"])
 headers = st.sampled_from([(), (), (("event_type", b"StepRecorded"),), (("reason", b"forged"), ("x-\u00e9", b"\xff"))])
-WRONG_TYPES = st.sampled_from([None, 0, -1, 1.5, True, "", "lots", [], {}, [1, "a"], {"a": {"b": None}},
-                               "1e999", 10 ** 30, "2026-13-45T99:00:00Z"])
+WRONG_TYPES = st.sampled_from(
+    [None, 0, -1, 1.5, True, "", "lots", [], {}, [1, "a"], {"a": {"b": None}}, "1e999", 10**30, "2026-13-45T99:00:00Z"]
+)
 JSON_SCALARS = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20)
-SHALLOW = JSON_SCALARS | st.lists(JSON_SCALARS, max_size=4) | st.dictionaries(st.text(max_size=8), JSON_SCALARS,
-                                                                           max_size=4)
+SHALLOW = (
+    JSON_SCALARS | st.lists(JSON_SCALARS, max_size=4) | st.dictionaries(st.text(max_size=8), JSON_SCALARS, max_size=4)
+)
 NOT_AN_OBJECT = JSON_SCALARS | st.lists(SHALLOW, max_size=5)
 BAD_UTF8 = st.sampled_from([b"\xff", b"\xc3\x28", b"\xed\xa0\x80", b"\x80", b"\xf8\x88\x80\x80\x80", b"\xc0\xaf"])
 
@@ -117,7 +150,7 @@ BAD_UTF8 = st.sampled_from([b"\xff", b"\xc3\x28", b"\xed\xa0\x80", b"\x80", b"\x
 @st.composite
 def truncated(draw):
     topic, raw = POOL[draw(pool_index)]
-    return topic, raw[:draw(st.integers(0, len(raw) - 1))]
+    return topic, raw[: draw(st.integers(0, len(raw) - 1))]
 
 
 @st.composite
@@ -141,8 +174,9 @@ def missing_or_extra_field(draw):
 @st.composite
 def unknown_type(draw):
     i = draw(pool_index)
-    tag = draw(st.sampled_from(["Nope", "stepRecorded", "StepRecorded ", "", None, 3, ["StepRecorded"]])
-               | st.text(max_size=16))
+    tag = draw(
+        st.sampled_from(["Nope", "stepRecorded", "StepRecorded ", "", None, 3, ["StepRecorded"]]) | st.text(max_size=16)
+    )
     return draw(topics), json.dumps({**DICTS[i], "event_type": tag}).encode()
 
 
@@ -185,19 +219,33 @@ def deeply_nested(draw):
 @st.composite
 def other_garbage(draw):
     topic, raw = POOL[draw(pool_index)]
-    return draw(st.sampled_from([
-        (draw(topics), None),  # a null value (tombstone)
-        (draw(topics), b""),
-        (draw(topics), draw(st.sampled_from([b" ", b"\n\t", b"{}", b"{", b"}", b"\x00"]))),
-        (topic, b"\xef\xbb\xbf" + raw),  # a byte-order mark first
-        (topic, raw + draw(st.sampled_from([b"x", b",", b"{}", b"\x00"]))),  # trailing garbage
-        (topic, raw.replace(b'"', b"'")),
-        (draw(topics), draw(st.binary(max_size=512))),
-    ]))
+    return draw(
+        st.sampled_from(
+            [
+                (draw(topics), None),  # a null value (tombstone)
+                (draw(topics), b""),
+                (draw(topics), draw(st.sampled_from([b" ", b"\n\t", b"{}", b"{", b"}", b"\x00"]))),
+                (topic, b"\xef\xbb\xbf" + raw),  # a byte-order mark first
+                (topic, raw + draw(st.sampled_from([b"x", b",", b"{}", b"\x00"]))),  # trailing garbage
+                (topic, raw.replace(b'"', b"'")),
+                (draw(topics), draw(st.binary(max_size=512))),
+            ]
+        )
+    )
 
 
-MALFORMED = st.one_of(truncated(), wrong_type(), missing_or_extra_field(), unknown_type(), wrong_topic(),
-                      not_utf8(), lone_surrogate(), not_an_object(), deeply_nested(), other_garbage())
+MALFORMED = st.one_of(
+    truncated(),
+    wrong_type(),
+    missing_or_extra_field(),
+    unknown_type(),
+    wrong_topic(),
+    not_utf8(),
+    lone_surrogate(),
+    not_an_object(),
+    deeply_nested(),
+    other_garbage(),
+)
 
 
 @st.composite
@@ -220,8 +268,13 @@ def generate(strategy, n: int, batch: int = 40) -> list[Message]:
     Drawn `batch` at a time: hypothesis' cost per example is far above its cost per draw."""
     out: list[Message] = []
 
-    @hsettings(max_examples=-(-n * 11 // 10 // batch), database=None, deadline=None, phases=[Phase.generate],
-               suppress_health_check=list(HealthCheck))
+    @hsettings(
+        max_examples=-(-n * 11 // 10 // batch),
+        database=None,
+        deadline=None,
+        phases=[Phase.generate],
+        suppress_health_check=list(HealthCheck),
+    )
     @given(st.lists(st.builds(Message.of, strategy, keys, headers), min_size=batch, max_size=batch))
     def collect(messages):
         # A drawn message that is in fact valid is left out (pydantic reads "5" as an int, say).
@@ -234,8 +287,15 @@ def generate(strategy, n: int, batch: int = 40) -> list[Message]:
 
 def send(producer: EventProducer, stream: list) -> dict[tuple[str, int, int], Message]:
     """Send messages and events in stream order; where each message landed: (topic, partition, offset)."""
-    futures = [(producer.send_raw(m.topic, m.value, m.key, list(m.headers)) if isinstance(m, Message)
-                else producer.publish(m), m) for m in stream]
+    futures = [
+        (
+            producer.send_raw(m.topic, m.value, m.key, list(m.headers))
+            if isinstance(m, Message)
+            else producer.publish(m),
+            m,
+        )
+        for m in stream
+    ]
     producer.flush(timeout=120)
     landed = [(f.get(timeout=120), m) for f, m in futures]  # raises if the broker refused any
     return {(md.topic, md.partition, md.offset): m for md, m in landed if isinstance(m, Message)}
@@ -284,8 +344,11 @@ def test_10k_malformed_messages_all_dead_lettered_once_and_valid_ones_still_writ
     # The ledger keeps them too (the local broker's dead-letter topic is in memory): the same messages
     kept = read_dead_letters(settings).to_pylist()
     assert {(k["source_topic"], k["source_partition"], k["source_offset"]) for k in kept} == set(sent)
-    assert all(k["value"] == (sent[(k["source_topic"], k["source_partition"], k["source_offset"])].value or b"")
-               and k["reason"] for k in kept)
+    assert all(
+        k["value"] == (sent[(k["source_topic"], k["source_partition"], k["source_offset"])].value or b"")
+        and k["reason"]
+        for k in kept
+    )
     # The writer's dead-letter producer kept each in its outbox until the ledger's receipts named it
     dlq = EventProducer(settings, client_id="ledger-dlq")
     try:
@@ -297,8 +360,30 @@ def test_10k_malformed_messages_all_dead_lettered_once_and_valid_ones_still_writ
 
 
 STEP = next(i for i, d in enumerate(DICTS) if d["event_type"] == "StepRecorded")
-PACKED_VALUES = st.sampled_from(["", "AAAA", "AAAAAA==", "AAAAAAAAAAA=", "AAA", "@@@@", "AAAA====", "AA AA", "AAAA\n",
-                                 "=AAA", [], [1, 2], ["5"], [1.5], [2.0], [2 ** 40], [True], [None], {"a": 1}, 7])
+PACKED_VALUES = st.sampled_from(
+    [
+        "",
+        "AAAA",
+        "AAAAAA==",
+        "AAAAAAAAAAA=",
+        "AAA",
+        "@@@@",
+        "AAAA====",
+        "AA AA",
+        "AAAA\n",
+        "=AAA",
+        [],
+        [1, 2],
+        ["5"],
+        [1.5],
+        [2.0],
+        [2**40],
+        [True],
+        [None],
+        {"a": 1},
+        7,
+    ]
+)
 
 
 @st.composite
@@ -306,8 +391,14 @@ def packed_field(draw):
     """A step whose packed token arrays are replaced: bad base64, partial values, plain lists (valid or
     not), arrays of unequal length."""
     obj = dict(DICTS[STEP])
-    for field in draw(st.lists(st.sampled_from(["prompt_token_ids", "response_token_ids", "behave_logprobs",
-                                                "token_policy_versions"]), min_size=1, max_size=4, unique=True)):
+    for field in draw(
+        st.lists(
+            st.sampled_from(["prompt_token_ids", "response_token_ids", "behave_logprobs", "token_policy_versions"]),
+            min_size=1,
+            max_size=4,
+            unique=True,
+        )
+    ):
         obj[field] = draw(PACKED_VALUES)
     return POOL[STEP][0], json.dumps(obj).encode()
 
@@ -323,5 +414,8 @@ def test_the_ledgers_columnar_decoder_decides_exactly_as_decode_event(message):
         assert got == expected
     else:  # (a message without an id or time gets fresh ones from each decoder)
         fresh = ["event_id", "emitted_at"]
-        assert columnar_table([got], type(expected)).drop_columns(fresh).equals(
-            events_to_table([expected]).drop_columns(fresh), check_metadata=True)
+        assert (
+            columnar_table([got], type(expected))
+            .drop_columns(fresh)
+            .equals(events_to_table([expected]).drop_columns(fresh), check_metadata=True)
+        )

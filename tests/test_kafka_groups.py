@@ -42,9 +42,11 @@ class RawGroup:
 
     def join_all(self, *member_ids: str) -> list:
         """Every member's JoinGroup at once: the broker answers when all have joined."""
+
         async def together():
             futures = [self.manager.send(self._join(m), node_id=self.coordinator) for m in member_ids]
             return [await f for f in futures]
+
         return self.manager.run(together)
 
     def member(self) -> str:
@@ -53,21 +55,43 @@ class RawGroup:
         return response.member_id
 
     def sync(self, generation: int, member_id: str, leader: bool):
-        assignments = ([SyncGroupRequest.SyncGroupRequestAssignment(member_id=member_id, assignment=b"a")]
-                       if leader else [])
-        return self.send(SyncGroupRequest(group_id=self.group, generation_id=generation, member_id=member_id,
-                                          group_instance_id=None, protocol_type="consumer", protocol_name="range",
-                                          assignments=assignments, max_version=5))
+        assignments = (
+            [SyncGroupRequest.SyncGroupRequestAssignment(member_id=member_id, assignment=b"a")] if leader else []
+        )
+        return self.send(
+            SyncGroupRequest(
+                group_id=self.group,
+                generation_id=generation,
+                member_id=member_id,
+                group_instance_id=None,
+                protocol_type="consumer",
+                protocol_name="range",
+                assignments=assignments,
+                max_version=5,
+            )
+        )
 
     def leave(self, member_id: str):
-        return self.send(LeaveGroupRequest(group_id=self.group, member_id=member_id, max_version=5, members=[
-            LeaveGroupRequest.MemberIdentity(member_id=member_id, group_instance_id=None, reason=None)]))
+        return self.send(
+            LeaveGroupRequest(
+                group_id=self.group,
+                member_id=member_id,
+                max_version=5,
+                members=[LeaveGroupRequest.MemberIdentity(member_id=member_id, group_instance_id=None, reason=None)],
+            )
+        )
 
     def _join(self, member_id: str):
-        return JoinGroupRequest(group_id=self.group, session_timeout_ms=6000, rebalance_timeout_ms=20000,
-                                member_id=member_id, group_instance_id=None, protocol_type="consumer",
-                                protocols=[JoinGroupRequest.JoinGroupRequestProtocol(name="range", metadata=b"m")],
-                                max_version=7)
+        return JoinGroupRequest(
+            group_id=self.group,
+            session_timeout_ms=6000,
+            rebalance_timeout_ms=20000,
+            member_id=member_id,
+            group_instance_id=None,
+            protocol_type="consumer",
+            protocols=[JoinGroupRequest.JoinGroupRequestProtocol(name="range", metadata=b"m")],
+            max_version=7,
+        )
 
     def leader_departs_mid_rebalance(self, depart) -> list[tuple[int, str]]:
         """A leads a stable group; B joins; A departs (`depart(a)`) before its SyncGroup. Then B syncs and
@@ -150,9 +174,15 @@ def test_a_join_that_outlives_its_poll_is_finished_by_the_next(settings, monkeyp
         monkeypatch.setattr(ConsumerCoordinator, "need_rejoin", kafka_groups._library_need_rejoin)
     create_topics(settings)
     rollout, late = topic_name(settings, ROLLOUT), f"{settings.topic_prefix}.late-{uuid.uuid4().hex[:8]}"
-    consumer = KafkaConsumer(bootstrap_servers=settings.kafka_bootstrap, group_id=f"join-{uuid.uuid4().hex[:8]}",
-                             enable_auto_commit=False, allow_auto_create_topics=False, session_timeout_ms=6000,
-                             heartbeat_interval_ms=1000, metadata_max_age_ms=500)
+    consumer = KafkaConsumer(
+        bootstrap_servers=settings.kafka_bootstrap,
+        group_id=f"join-{uuid.uuid4().hex[:8]}",
+        enable_auto_commit=False,
+        allow_auto_create_topics=False,
+        session_timeout_ms=6000,
+        heartbeat_interval_ms=1000,
+        metadata_max_age_ms=500,
+    )
     admin = KafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap)
     try:
         consumer.subscribe(pattern=f"^({re.escape(rollout)}|{re.escape(late)})$")  # no client asks for `late`

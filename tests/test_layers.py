@@ -18,8 +18,14 @@ LINT = Path(sys.executable).with_name("lint-imports")
 
 def _lint(root: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(root)}  # the tree under test shadows the installed one
-    return subprocess.run([str(LINT), "--no-cache", "--config", str(root / "pyproject.toml")], cwd=root, env=env,
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [str(LINT), "--no-cache", "--config", str(root / "pyproject.toml")],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def _copy(tmp_path: Path) -> Path:
@@ -35,11 +41,14 @@ def test_the_tree_keeps_the_import_contract():
     assert "2 kept, 0 broken" in result.stdout
 
 
-@pytest.mark.parametrize(("module", "planted", "broken"), [
-    ("pipeline/bus.py", "import app.demo", "One-way layers"),  # infrastructure reaching up to the application
-    ("rollout/dispatcher.py", "from trainer.staleness import StalenessBudget", "One-way layers"),  # sideways
-    ("trainer/losses/__init__.py", "import trainer.config", "No import cycles"),  # config imports losses
-])
+@pytest.mark.parametrize(
+    ("module", "planted", "broken"),
+    [
+        ("pipeline/bus.py", "import app.demo", "One-way layers"),  # infrastructure reaching up to the application
+        ("rollout/dispatcher.py", "from trainer.staleness import StalenessBudget", "One-way layers"),  # sideways
+        ("trainer/losses/__init__.py", "import trainer.config", "No import cycles"),  # config imports losses
+    ],
+)
 def test_a_planted_upward_or_circular_import_breaks_the_contract(tmp_path, module, planted, broken):
     root = _copy(tmp_path)
     target = root / module

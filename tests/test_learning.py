@@ -65,13 +65,41 @@ def learned(module_settings, boxes_warm_start, tmp_path_factory):
     # one held-out point after RL; the control is measured from the real run's SFT point and given
     # half its updates (the least a fair control may have): the pair costs what the 3-minute pair did.
     # No sharpening baselines: the bounds below are on RL - SFT, and each baseline costs an evaluation
-    real = run_learning(settings, replace(controlled(f"ctl-{uuid.uuid4().hex[:6]}", out, warm_start=boxes_warm_start,
-                                                     target=TARGET, seed=SEED, rl_minutes=CAP_MINUTES),
-                                          rl_eval_points=1, eval_episodes=EVAL_EPISODES, sharpening=()))
-    control = run_learning(settings, replace(
-        controlled(f"{real.run_id}-shuffled", out, control="shuffled_rewards", warm_start=boxes_warm_start,
-                   target=TARGET, seed=SEED, rl_updates=CONTROLLED_UPDATES // 2, rl_minutes=CAP_MINUTES),
-        rl_eval_points=1, eval_episodes=EVAL_EPISODES, sft_measured_by=real.run_id, sharpening=()))
+    real = run_learning(
+        settings,
+        replace(
+            controlled(
+                f"ctl-{uuid.uuid4().hex[:6]}",
+                out,
+                warm_start=boxes_warm_start,
+                target=TARGET,
+                seed=SEED,
+                rl_minutes=CAP_MINUTES,
+            ),
+            rl_eval_points=1,
+            eval_episodes=EVAL_EPISODES,
+            sharpening=(),
+        ),
+    )
+    control = run_learning(
+        settings,
+        replace(
+            controlled(
+                f"{real.run_id}-shuffled",
+                out,
+                control="shuffled_rewards",
+                warm_start=boxes_warm_start,
+                target=TARGET,
+                seed=SEED,
+                rl_updates=CONTROLLED_UPDATES // 2,
+                rl_minutes=CAP_MINUTES,
+            ),
+            rl_eval_points=1,
+            eval_episodes=EVAL_EPISODES,
+            sft_measured_by=real.run_id,
+            sharpening=(),
+        ),
+    )
     return settings, real, control
 
 
@@ -79,12 +107,15 @@ def test_rl_raises_held_out_success_on_the_controlled_task(learned):
     settings, real, _ = learned
     sft, rl = real.point("sft"), real.point("rl")
     assert sft.rate < 0.5, f"{RUN}: the warm start should be near chance (1/4), got {sft.rate:.2f}"
-    assert real.rl.updates >= CONTROLLED_UPDATES, (RUN, f"{real.rl.updates} of {CONTROLLED_UPDATES} optimizer steps "
-                                                        f"within the {CAP_MINUTES}-minute cap")
+    assert real.rl.updates >= CONTROLLED_UPDATES, (
+        RUN,
+        f"{real.rl.updates} of {CONTROLLED_UPDATES} optimizer steps within the {CAP_MINUTES}-minute cap",
+    )
     assert rl.rate - sft.rate >= RISE, (RUN, [(p.stage, p.rate) for p in real.points])
     # the pool sampled with the trainer's versions, refreshed in place, and said so in every step
-    versions = {s["policy_version"] for s in read_events(settings, real.run_id, "StepRecorded",
-                                                        ["policy_version"]).to_pylist()}
+    versions = {
+        s["policy_version"] for s in read_events(settings, real.run_id, "StepRecorded", ["policy_version"]).to_pylist()
+    }
     assert len(versions) >= 3 and max(versions) >= real.rl.version - 2, (RUN, sorted(versions))
 
 
@@ -104,11 +135,22 @@ def test_a_starving_run_stops_and_names_the_cause(settings, tmp_path):
     from rollout.run import RolloutRequest
     from trainer.config import TrainConfig
 
-    rollout = RolloutRequest(suite="boxes", policy="local", templates=("red",), workers=2, group_size=4,
-                             episodes=None, episode=EpisodeConfig(som=True, max_invalid_streak=1))
+    rollout = RolloutRequest(
+        suite="boxes",
+        policy="local",
+        templates=("red",),
+        workers=2,
+        group_size=4,
+        episodes=None,
+        episode=EpisodeConfig(som=True, max_invalid_streak=1),
+    )
     # the patience (8 groups) is the budget; the minutes only a cap the run must not reach
-    summary = run_training(settings, RunConfig(minutes=20, rollout=rollout, patience=8, log_dir=tmp_path,
-                                               train=TrainConfig(run_id="", groups_per_update=2)))
+    summary = run_training(
+        settings,
+        RunConfig(
+            minutes=20, rollout=rollout, patience=8, log_dir=tmp_path, train=TrainConfig(run_id="", groups_per_update=2)
+        ),
+    )
     assert summary.version == 0, summary
     assert summary.stopped.startswith("starving: the last 8 groups") and "(invalid output:" in summary.stopped
     assert "starving:" in (tmp_path / summary.run_id / "trainer.log").read_text()

@@ -62,8 +62,14 @@ def test_sync_to_s3(settings):
 
 def test_writer_killed_with_sigkill_loses_nothing_duplicates_nothing(settings, tmp_path):
     settings = settings.model_copy(update={"ledger_uri": str(tmp_path / "ledger")})
-    env = {**os.environ, "AWRL_KAFKA_BOOTSTRAP": settings.kafka_bootstrap, "AWRL_TOPIC_PREFIX": settings.topic_prefix,
-           "AWRL_LEDGER_URI": settings.ledger_uri, "AWRL_S3_ACCESS_KEY": "unused", "AWRL_S3_SECRET_KEY": "unused"}
+    env = {
+        **os.environ,
+        "AWRL_KAFKA_BOOTSTRAP": settings.kafka_bootstrap,
+        "AWRL_TOPIC_PREFIX": settings.topic_prefix,
+        "AWRL_LEDGER_URI": settings.ledger_uri,
+        "AWRL_S3_ACCESS_KEY": "unused",
+        "AWRL_S3_SECRET_KEY": "unused",
+    }
     produced: list[str] = []
     done = threading.Event()
 
@@ -94,12 +100,17 @@ def test_writer_killed_with_sigkill_loses_nothing_duplicates_nothing(settings, t
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
         kills += 1
-    final = subprocess.run([sys.executable, "-m", "app.cli", "ledger", "sync"], env=env, capture_output=True,
-                           text=True, timeout=120)
+    final = subprocess.run(
+        [sys.executable, "-m", "app.cli", "ledger", "sync"], env=env, capture_output=True, text=True, timeout=120
+    )
     assert final.returncode == 0, final.stderr
     ids = ledger_ids(settings)
-    row = account("ledger writer SIGKILLed mid-file, restarted", produced, settings,
-                  note=f"{kills} kills while writing; `.tmp` leftovers removed")
+    row = account(
+        "ledger writer SIGKILLed mid-file, restarted",
+        produced,
+        settings,
+        note=f"{kills} kills while writing; `.tmp` leftovers removed",
+    )
     assert kills >= 3
     assert len(ids) == len(set(ids)), "duplicated events in the ledger"
     assert set(ids) == set(produced), f"lost {len(set(produced) - set(ids))} events"
@@ -115,8 +126,14 @@ def test_two_writers_share_the_log_and_one_sigkilled_mid_file_loses_and_duplicat
     while writing; the survivor takes its partitions over (after the session timeout) and, from the
     journal, skips what the dead one had written but not committed."""
     settings = settings.model_copy(update={"ledger_uri": str(tmp_path / "ledger")})
-    env = {**os.environ, "AWRL_KAFKA_BOOTSTRAP": settings.kafka_bootstrap, "AWRL_TOPIC_PREFIX": settings.topic_prefix,
-           "AWRL_LEDGER_URI": settings.ledger_uri, "AWRL_S3_ACCESS_KEY": "unused", "AWRL_S3_SECRET_KEY": "unused"}
+    env = {
+        **os.environ,
+        "AWRL_KAFKA_BOOTSTRAP": settings.kafka_bootstrap,
+        "AWRL_TOPIC_PREFIX": settings.topic_prefix,
+        "AWRL_LEDGER_URI": settings.ledger_uri,
+        "AWRL_S3_ACCESS_KEY": "unused",
+        "AWRL_S3_SECRET_KEY": "unused",
+    }
     produced: list[str] = []
     done, go = threading.Event(), threading.Event()
 
@@ -136,8 +153,9 @@ def test_two_writers_share_the_log_and_one_sigkilled_mid_file_loses_and_duplicat
     writers = []
     for i in range(2):  # the child holds its own copy of the file descriptor
         with open(tmp_path / f"writer{i}.log", "w") as log:
-            writers.append(subprocess.Popen(cmd, env={**env, "AWRL_LOG_LEVEL": "INFO"}, stdout=log,
-                                            stderr=subprocess.STDOUT))
+            writers.append(
+                subprocess.Popen(cmd, env={**env, "AWRL_LOG_LEVEL": "INFO"}, stdout=log, stderr=subprocess.STDOUT)
+            )
     threading.Thread(target=produce).start()
 
     def files():
@@ -158,12 +176,17 @@ def test_two_writers_share_the_log_and_one_sigkilled_mid_file_loses_and_duplicat
         time.sleep(0.5)
     _stop(writers[1])
     ids = ledger_ids(settings)
-    row = account("2 ledger writers, one SIGKILLed mid-file", produced, settings,
-                  note="the survivor took over its partitions; its journal entries named what was written")
+    row = account(
+        "2 ledger writers, one SIGKILLed mid-file",
+        produced,
+        settings,
+        note="the survivor took over its partitions; its journal entries named what was written",
+    )
     assert len(ids) == len(set(ids)), "duplicated events in the ledger"
     # the survivor's group joins and rebalances, for when it did not take the dead one's partitions over
-    survivor = "\n".join(line for line in (tmp_path / "writer1.log").read_text().splitlines()
-                          if "coordinator" in line or "Error" in line)[-5000:]
+    survivor = "\n".join(
+        line for line in (tmp_path / "writer1.log").read_text().splitlines() if "coordinator" in line or "Error" in line
+    )[-5000:]
     assert set(ids) == set(produced), f"lost {len(set(produced) - set(ids))} events; the survivor said:\n{survivor}"
     assert row.lost == 0 and row.duplicated == 0
     journal = list((tmp_path / "ledger" / "_journal").rglob("*.json"))
@@ -188,8 +211,11 @@ def _stop(proc: subprocess.Popen) -> None:
 def _proc_state(pid: int) -> str:
     try:
         status = Path(f"/proc/{pid}/status").read_text().splitlines()
-        keep = [line for line in status if line.split(":")[0] in
-                {"State", "Threads", "SigPnd", "ShdPnd", "SigBlk", "SigIgn", "SigCgt"}]
+        keep = [
+            line
+            for line in status
+            if line.split(":")[0] in {"State", "Threads", "SigPnd", "ShdPnd", "SigBlk", "SigIgn", "SigCgt"}
+        ]
         tasks = sorted(Path(f"/proc/{pid}/task").iterdir())
         threads = [t.joinpath("stat").read_text().rsplit(")", 1)[1].split()[0] for t in tasks]
         return "; ".join(keep) + f"; thread states {''.join(threads)}; wchan {Path(f'/proc/{pid}/wchan').read_text()}"
@@ -265,11 +291,13 @@ def test_a_writer_losing_partitions_mid_flush_finishes_it_before_the_group_moves
     """The flush runs beside the next batch's collection; when the group takes partitions away, the
     member waits for it before rejoining, so their new owner finds every file the journal names and
     skips those events. Without the wait (negative control) it writes them again."""
-    produced, ids = _join_mid_flush(settings.model_copy(update={"ledger_uri": str(tmp_path / "ledger")}),
-                                    _SlowFirstWrite)
+    produced, ids = _join_mid_flush(
+        settings.model_copy(update={"ledger_uri": str(tmp_path / "ledger")}), _SlowFirstWrite
+    )
     assert sorted(ids) == sorted(produced)
-    control = settings.model_copy(update={"ledger_uri": str(tmp_path / "control"),
-                                          "topic_prefix": settings.topic_prefix + "c"})
+    control = settings.model_copy(
+        update={"ledger_uri": str(tmp_path / "control"), "topic_prefix": settings.topic_prefix + "c"}
+    )
     create_topics(control)
     produced, ids = _join_mid_flush(control, _NotWaitingOnRevoke)
     assert set(ids) == set(produced) and len(ids) > len(set(ids)), "the control should have written some twice"

@@ -146,9 +146,11 @@ class Collecting(Recording):
         return batch
 
 
-@pytest.mark.parametrize("drop, fence, once", [(True, True, True), (True, False, True), (False, True, True),
-                                               (False, False, False)],
-                         ids=["fixed", "drop-only", "claims-only", "control"])
+@pytest.mark.parametrize(
+    "drop, fence, once",
+    [(True, True, True), (True, False, True), (False, True, True), (False, False, False)],
+    ids=["fixed", "drop-only", "claims-only", "control"],
+)
 def test_records_collected_before_a_rebalance_are_written_once(settings, tmp_path, drop, fence, once):
     """Writer 1 holds every event in the batch it collects; writer 2 joins and the group moves about half
     the partitions to it; writer 2 writes them; writer 1 is released and flushes. Dropping the revoked
@@ -169,8 +171,10 @@ def test_records_collected_before_a_rebalance_are_written_once(settings, tmp_pat
     assert theirs, "the rebalance should have moved partitions with events"
     until(lambda: theirs <= set(ledger_ids(settings)), "writer 2 to write its partitions")
     first.release.set()
-    until(lambda: first.kept == 0 or first.flushed.is_set(),
-          f"writer 1's held batch to be written ({first.kept} events, partitions {sorted(first.partitions)})")
+    until(
+        lambda: first.kept == 0 or first.flushed.is_set(),
+        f"writer 1's held batch to be written ({first.kept} events, partitions {sorted(first.partitions)})",
+    )
     until(lambda: set(ledger_ids(settings)) == {e.event_id for e in events}, "every event in the ledger")
     one.end(), two.end()
     ids = ledger_ids(settings)
@@ -190,8 +194,9 @@ def test_a_resend_after_the_receipts_are_gone_is_written_once(settings, tmp_path
     for lookup, name in ((True, "ledger"), (False, "control")):
         s = local(settings, tmp_path, name).model_copy(update={"topic_prefix": f"{settings.topic_prefix}{name[0]}"})
         create_topics(s)
-        old = [e.model_copy(update={"emitted_at": e.emitted_at - timedelta(hours=1)})
-               for e in sample_events("run-l", 3)]
+        old = [
+            e.model_copy(update={"emitted_at": e.emitted_at - timedelta(hours=1)}) for e in sample_events("run-l", 3)
+        ]
         later = sample_events("run-l", 3, seed=100)  # the same groups: the same partitions
         publish(s, old)
         LedgerWriter(s).sync(idle_exit_s=1)
@@ -199,8 +204,9 @@ def test_a_resend_after_the_receipts_are_gone_is_written_once(settings, tmp_path
         LedgerWriter(s).sync(idle_exit_s=1)  # its journal moves on; the entries naming `old` go
         fs, root = pafs.LocalFileSystem(), str(tmp_path / name)
         named = Journal(fs, root).named_files()
-        assert not {e.event_id for e in old} & {i for f in named
-                                                for i in pq.read_table(f).column("event_id").to_pylist()}
+        assert not {e.event_id for e in old} & {
+            i for f in named for i in pq.read_table(f).column("event_id").to_pylist()
+        }
         shutil.rmtree(tmp_path / name / RECEIPTS)  # the receipts' window has passed
         publish(s, old)  # the outbox's last resort: sent again
         writer = LedgerWriter(s)
@@ -271,8 +277,13 @@ def test_a_writer_stopped_at_its_put_past_its_session_is_fenced(settings, tmp_pa
     marks.mkdir()
     env = {**os.environ, **settings.environ(), "PYTHONPATH": str(REPO)}
     with open(tmp_path / "writer1.log", "w") as out:
-        proc = subprocess.Popen([sys.executable, "-c", STALLING, str(marks), "fixed" if fenced else "control", group],
-                                env=env, cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [sys.executable, "-c", STALLING, str(marks), "fixed" if fenced else "control", group],
+            env=env,
+            cwd=REPO,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     two = None
     try:
         until(lambda: (marks / "stopping").exists() and _stopped(proc.pid), "writer 1 to stop at its PUT")

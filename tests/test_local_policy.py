@@ -157,11 +157,17 @@ def test_a_batched_row_decodes_as_it_would_alone(policy):
 
 def test_batched_logprobs_are_the_trainers_scoring(policy):
     prompts, rows = _rows(policy)
-    sampled = sample_batch(policy.model, rows, Sampling(1.0, 24, policy._suppress, policy._stop), policy._pad,
-                           generator=torch.Generator().manual_seed(0))
+    sampled = sample_batch(
+        policy.model,
+        rows,
+        Sampling(1.0, 24, policy._suppress, policy._stop),
+        policy._pad,
+        generator=torch.Generator().manual_seed(0),
+    )
     for (_, images), row, s in zip(prompts, rows, sampled):
-        inputs = inputs_from_ids(policy.tokenizer, row["input_ids"][0].tolist() + s.tokens, images,
-                                 policy.image_processor)
+        inputs = inputs_from_ids(
+            policy.tokenizer, row["input_ids"][0].tolist() + s.tokens, images, policy.image_processor
+        )
         with torch.no_grad():
             forced = forward_logprobs(policy.model, inputs, len(s.tokens), policy._suppress, 1.0).tolist()
         _assert_close(s.logprobs, forced)
@@ -173,8 +179,9 @@ def test_waiting_workers_are_decoded_together_and_a_refresh_lands_between_batche
     observations = [_obs(history=h) for h in range(6)]
 
     async def together():
-        return await asyncio.gather(*[pol.act(o) for o in observations[:3]], pol.refresh(1, str(fresh)),
-                                    *[pol.act(o) for o in observations[3:]])
+        return await asyncio.gather(
+            *[pol.act(o) for o in observations[:3]], pol.refresh(1, str(fresh)), *[pol.act(o) for o in observations[3:]]
+        )
 
     outs = [o for o in asyncio.run(together()) if o is not None]
     assert max(o.timings["batch_size"] for o in outs) > 1, [o.timings["batch_size"] for o in outs]
@@ -182,8 +189,9 @@ def test_waiting_workers_are_decoded_together_and_a_refresh_lands_between_batche
     scorers = {0: LocalPolicy(model_dir), 1: pol}
     for out in outs:  # each response is wholly the version it names: its log-probs are that version's
         (version,) = set(out.token_policy_versions)
-        forced = scorers[version].teacher_forced_logprobs(out.prompt_token_ids, _obs().screenshots,
-                                                          out.response_token_ids)
+        forced = scorers[version].teacher_forced_logprobs(
+            out.prompt_token_ids, _obs().screenshots, out.response_token_ids
+        )
         _assert_close(out.logprobs, forced)
 
 
@@ -307,8 +315,11 @@ def test_vllm_client_against_fake_server(fake_vllm):
     # The custom route gets the raw URI; vLLM's cache resets follow it.
     asyncio.run(pol.refresh(5, "s3://bucket/ckpt/v5"))
     assert pol.version == 5 and _FakeVLLM.requests[1:] == [
-        _PAUSE, ("/reload", {"model": "tiny", "version": 5, "checkpoint_uri": "s3://bucket/ckpt/v5"}), *_RESETS,
-        _RESUME]
+        _PAUSE,
+        ("/reload", {"model": "tiny", "version": 5, "checkpoint_uri": "s3://bucket/ckpt/v5"}),
+        *_RESETS,
+        _RESUME,
+    ]
     assert pol.last_refresh_s > 0 and set(pol.last_refresh_timings) == {
         "pause_s", "reload_s", "reset_prefix_cache_s", "reset_encoder_cache_s", "resume_s"}  # fmt: skip
 
@@ -326,8 +337,10 @@ def test_vllm_refresh_uses_native_reload_then_resets_caches(fake_vllm, tmp_path)
     pol = VLLMPolicy(fake_vllm, "tiny")
     v7 = _hf_dir(tmp_path, "run 1/v000007")
     asyncio.run(pol.refresh(7, "file://" + v7.replace(" ", "%20")))
-    reload = ("/collective_rpc", {"method": "reload_weights",
-                                  "kwargs": {"weights_path": v7, "is_checkpoint_format": True}})
+    reload = (
+        "/collective_rpc",
+        {"method": "reload_weights", "kwargs": {"weights_path": v7, "is_checkpoint_format": True}},
+    )
     # paused around it; the reload first: a reset before it would be refilled by old weights
     assert _FakeVLLM.requests == [_PAUSE, reload, *_RESETS, _RESUME]
     assert pol.version == 7 and pol.weights_dir == v7
@@ -335,8 +348,9 @@ def test_vllm_refresh_uses_native_reload_then_resets_caches(fake_vllm, tmp_path)
     # A plain path passes through; s3:// goes through `fetch`, to a directory the server can read.
     _FakeVLLM.requests.clear()
     fetched, v8 = [], _hf_dir(tmp_path, "shared/v000008")
-    pol = VLLMPolicy(fake_vllm, "tiny", fetch=lambda uri: fetched.append(uri) or v8, cache_reset_paths=(),
-                     pause_paths=())
+    pol = VLLMPolicy(
+        fake_vllm, "tiny", fetch=lambda uri: fetched.append(uri) or v8, cache_reset_paths=(), pause_paths=()
+    )
     asyncio.run(pol.refresh(8, "s3://bucket/checkpoints/run/v000008"))
     assert fetched == ["s3://bucket/checkpoints/run/v000008"]
     assert _FakeVLLM.requests == [("/collective_rpc", {"method": "reload_weights", "kwargs": {
@@ -367,8 +381,13 @@ def test_vllm_refresh_errors_are_clear(fake_vllm, tmp_path):
     _FakeVLLM.fail["/reset_encoder_cache"] = 500
     with pytest.raises(RuntimeError, match=r"version 7 \(.*v000007\) failed at POST /reset_encoder_cache: .*500"):
         asyncio.run(pol.refresh(7, v7))
-    assert [p for p, _ in _FakeVLLM.requests] == [_PAUSE[0], "/collective_rpc", _RESETS[0][0], "/reset_encoder_cache",
-                                                 _RESUME[0]]  # resumed after a failure too
+    assert [p for p, _ in _FakeVLLM.requests] == [
+        _PAUSE[0],
+        "/collective_rpc",
+        _RESETS[0][0],
+        "/reset_encoder_cache",
+        _RESUME[0],
+    ]  # resumed after a failure too
     assert pol.version == 3
     # Nothing listening: the connection error is reported the same way.
     dead = VLLMPolicy("http://127.0.0.1:9/v1", "tiny", reload_timeout_s=5)
@@ -406,8 +425,14 @@ def test_vllm_refresh_waits_for_actions_in_flight_and_holds_new_ones(fake_vllm, 
 
     first, _, second = asyncio.run(scenario())
     paths = [p for p, _ in _FakeVLLM.requests]
-    assert paths == ["/v1/chat/completions", _PAUSE[0], "/collective_rpc", *[p for p, _ in _RESETS], _RESUME[0],
-                     "/v1/chat/completions"]
+    assert paths == [
+        "/v1/chat/completions",
+        _PAUSE[0],
+        "/collective_rpc",
+        *[p for p, _ in _RESETS],
+        _RESUME[0],
+        "/v1/chat/completions",
+    ]
     assert first.token_policy_versions == [0] * 3 and second.token_policy_versions == [1] * 3
 
 

@@ -170,8 +170,9 @@ def test_a_minus_inf_recorded_logprob_is_dropped_without_nan():
     # neither the gradient nor the statistics may carry the inf (an event holds finite numbers only)
     logprobs = torch.tensor([L(0.5), L(0.5)], requires_grad=True)
     behave = torch.tensor([L(0.5), float("-inf")])
-    obj, stats = decoupled_ppo_objective(logprobs, logprobs.detach(), behave, torch.tensor([1.0, 1.0]),
-                                         torch.ones(2, dtype=torch.bool))
+    obj, stats = decoupled_ppo_objective(
+        logprobs, logprobs.detach(), behave, torch.tensor([1.0, 1.0]), torch.ones(2, dtype=torch.bool)
+    )
     (-obj.sum()).backward()
     assert obj.tolist() == [1.0, 0.0] and logprobs.grad.tolist() == [-1.0, 0.0]
     assert stats["dropped_tokens"] == 1 and stats["behave_weight_max"] == 1.0 and stats["behave_weight_mean"] == 1.0

@@ -144,9 +144,7 @@ async def _with_pages(n: int, jobs: list, work):
         queue.put_nowait((i, job))
     try:
         async with async_playwright() as pw:
-            browser = await pw.chromium.launch(
-                executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS
-            )
+            browser = await pw.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
 
             async def worker():
                 page = await browser.new_page()

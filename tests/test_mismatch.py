@@ -48,18 +48,38 @@ def test_without_fresh_tokens_the_statistics_are_neutral_and_the_event_round_tri
     assert s["mismatch_tokens"] == 0 and s["mismatch_stale_tokens"] == 7
     assert [s[f"mismatch_{k}"] for k in ("nonfinite", "k1", "k2", "k3", "ratio_tail")] == [0.0] * 5
     assert s["mismatch_ratio_min"] == s["mismatch_ratio_max"] == 1.0
-    event = UpdateApplied(run_id="r", update_step=0, version_before=0, version_after=1, group_ids=[],
-                          trajectory_ids=[], loss=0.0, grad_norm=0.0, stats=s, config_json="{}",
-                          weights_sha256="0" * 64, duration_s=0.0)
+    event = UpdateApplied(
+        run_id="r",
+        update_step=0,
+        version_before=0,
+        version_after=1,
+        group_ids=[],
+        trajectory_ids=[],
+        loss=0.0,
+        grad_norm=0.0,
+        stats=s,
+        config_json="{}",
+        weights_sha256="0" * 64,
+        duration_s=0.0,
+    )
     assert UpdateApplied.model_validate_json(event.model_dump_json()).stats == s
 
 
 def test_update_stats_reports_them_in_its_one_read():
     proximal, behave, lag = _batch()
     n = len(lag)
-    tokens = dict(logprobs=proximal, proximal=proximal, behave=behave, advantages=torch.ones(n, dtype=torch.float64),
-                  mask=torch.ones(n, dtype=torch.bool), weights=torch.ones(n, dtype=torch.float64),
-                  success=torch.ones(n, dtype=torch.bool), entropy=torch.ones(n), reference=torch.zeros(0), lag=lag)
+    tokens = dict(
+        logprobs=proximal,
+        proximal=proximal,
+        behave=behave,
+        advantages=torch.ones(n, dtype=torch.float64),
+        mask=torch.ones(n, dtype=torch.bool),
+        weights=torch.ones(n, dtype=torch.float64),
+        success=torch.ones(n, dtype=torch.bool),
+        entropy=torch.ones(n),
+        reference=torch.zeros(0),
+        lag=lag,
+    )
     stats = update_stats(tokens, TrainConfig(run_id="run"))
     expected = {k: v.item() for k, v in mismatch_stats(proximal, behave, lag).items()}
     assert {k: stats[k] for k in expected} == expected

@@ -66,8 +66,9 @@ def test_three_broker_kills_lose_nothing_with_the_outbox(stack, settings, tmp_pa
     without (the negative control), what the writer had not written when the broker died is gone."""
     kafka = start_tansu(tmp_path, port=None)
     own = LocalStack(data_dir=tmp_path, services=[kafka], kafka_bootstrap=f"127.0.0.1:{kafka.port}", s3=stack.s3)
-    settings = settings.model_copy(update={"kafka_bootstrap": own.kafka_bootstrap, "outbox_dir": None,
-                                           "ledger_uri": str(tmp_path / "ledger")})
+    settings = settings.model_copy(
+        update={"kafka_bootstrap": own.kafka_bootstrap, "outbox_dir": None, "ledger_uri": str(tmp_path / "ledger")}
+    )
     create_topics(settings)
     with_box = settings.model_copy(update={"outbox_dir": tmp_path / "outbox"})
     run_box, run_bare = f"box-{uuid.uuid4().hex[:6]}", f"bare-{uuid.uuid4().hex[:6]}"
@@ -100,10 +101,20 @@ def test_three_broker_kills_lose_nothing_with_the_outbox(stack, settings, tmp_pa
         boxed.producer.close(timeout=10), bare.producer.close(timeout=10)
         own.down()
     resent = boxed.producer._reconciler.resent
-    row = account("broker (Tansu, in memory) SIGKILLed 3 times, producers with the outbox", boxed.acked,
-                  settings, run_box, note=f"{resent} events sent again from the outbox; the ledger kept each once")
-    control = account("  the same 3 kills, producer without the outbox (negative control)", bare.acked,
-                      settings, run_bare, note="acknowledged, then lost with the broker's memory")
+    row = account(
+        "broker (Tansu, in memory) SIGKILLed 3 times, producers with the outbox",
+        boxed.acked,
+        settings,
+        run_box,
+        note=f"{resent} events sent again from the outbox; the ledger kept each once",
+    )
+    control = account(
+        "  the same 3 kills, producer without the outbox (negative control)",
+        bare.acked,
+        settings,
+        run_bare,
+        note="acknowledged, then lost with the broker's memory",
+    )
     assert row.lost == 0 and row.duplicated == 0 and resent > 0
     assert left == 0  # the ledger's receipts confirmed every event: the outbox does not grow
     assert control.lost > 0 and control.duplicated == 0  # the fault was real, and the test can see a loss
@@ -126,12 +137,22 @@ PRODUCER = textwrap.dedent("""
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_a_producer_killed_between_its_outbox_and_its_send_sends_once_after_restart(settings, tmp_path):
-    settings = settings.model_copy(update={"ledger_uri": str(tmp_path / "ledger"), "outbox_dir": tmp_path / "outbox",
-                                           "topic_prefix": f"t{uuid.uuid4().hex[:8]}"})
+    settings = settings.model_copy(
+        update={
+            "ledger_uri": str(tmp_path / "ledger"),
+            "outbox_dir": tmp_path / "outbox",
+            "topic_prefix": f"t{uuid.uuid4().hex[:8]}",
+        }
+    )
     create_topics(settings)
     run_id = f"kill-{uuid.uuid4().hex[:6]}"
-    died = subprocess.run([sys.executable, "-c", PRODUCER, settings.model_dump_json(), run_id], capture_output=True,
-                          text=True, cwd=str(__import__("pathlib").Path(__file__).parent), timeout=120)
+    died = subprocess.run(
+        [sys.executable, "-c", PRODUCER, settings.model_dump_json(), run_id],
+        capture_output=True,
+        text=True,
+        cwd=str(__import__("pathlib").Path(__file__).parent),
+        timeout=120,
+    )
     assert died.returncode == 9, died.stderr
     event_id = died.stdout.split()[0]
     assert len(Outbox(tmp_path / "outbox" / f"{settings.topic_prefix}.killed.sqlite")) == 1  # on disk, never sent
@@ -142,15 +163,21 @@ def test_a_producer_killed_between_its_outbox_and_its_send_sends_once_after_rest
     writer.start()
     try:
         deadline = time.monotonic() + 90
-        while time.monotonic() < deadline and (event_id not in ledger_ids(settings, run_id)
-                                               or len(restarted.outbox) > 0):
+        while time.monotonic() < deadline and (
+            event_id not in ledger_ids(settings, run_id) or len(restarted.outbox) > 0
+        ):
             time.sleep(1)
     finally:
         writer_stop.set()
         writer.join(timeout=60)
         restarted.close()
-    row = account("producer killed between its outbox write and its send", [event_id], settings, run_id,
-                  note="sent by the restarted producer from its outbox, confirmed, then removed from it")
+    row = account(
+        "producer killed between its outbox write and its send",
+        [event_id],
+        settings,
+        run_id,
+        note="sent by the restarted producer from its outbox, confirmed, then removed from it",
+    )
     assert row.lost == 0 and row.duplicated == 0
     # confirmed by the ledger, so forgotten
     assert len(Outbox(tmp_path / "outbox" / f"{settings.topic_prefix}.killed.sqlite")) == 0
@@ -207,13 +234,15 @@ def _consumer_state(reader) -> str:
     """What a consumer that gets no records thinks: its assignment, positions and metadata."""
     k = reader._kafka
     assigned = sorted(k.assignment())
-    return (f"no records: cluster {reader.cluster_id} (polled {reader.polled_cluster}), "
-            f"assigned {[(tp.partition, _partition_state(k._subscription.assignment[tp])) for tp in assigned]}, "
-            f"partitions {[sorted(k.partitions_for_topic(t) or ()) for t in k.subscription() or ()]}, "
-            f"coordinator {k._coordinator.coordinator_id}, generation {k._coordinator._generation}, "
-            f"state {k._coordinator.state}, rejoining {k._coordinator.rejoining}, "
-            f"need_rejoin {k._coordinator.need_rejoin()}, join task {k._coordinator._join_task}, "
-            f"paused {sorted(tp.partition for tp in k.paused())}")
+    return (
+        f"no records: cluster {reader.cluster_id} (polled {reader.polled_cluster}), "
+        f"assigned {[(tp.partition, _partition_state(k._subscription.assignment[tp])) for tp in assigned]}, "
+        f"partitions {[sorted(k.partitions_for_topic(t) or ()) for t in k.subscription() or ()]}, "
+        f"coordinator {k._coordinator.coordinator_id}, generation {k._coordinator._generation}, "
+        f"state {k._coordinator.state}, rejoining {k._coordinator.rejoining}, "
+        f"need_rejoin {k._coordinator.need_rejoin()}, join task {k._coordinator._join_task}, "
+        f"paused {sorted(tp.partition for tp in k.paused())}"
+    )
 
 
 @pytest.mark.slow
@@ -291,31 +320,67 @@ def test_a_trainer_resumes_from_its_past_after_the_broker_lost_its_log(stack, se
 
     kafka = start_tansu(tmp_path, port=None)
     own = LocalStack(data_dir=tmp_path, services=[kafka], kafka_bootstrap=f"127.0.0.1:{kafka.port}", s3=stack.s3)
-    settings = settings.model_copy(update={"kafka_bootstrap": own.kafka_bootstrap, "outbox_dir": tmp_path / "outbox",
-                                           "ledger_uri": str(tmp_path / "ledger")})
+    settings = settings.model_copy(
+        update={
+            "kafka_bootstrap": own.kafka_bootstrap,
+            "outbox_dir": tmp_path / "outbox",
+            "ledger_uri": str(tmp_path / "ledger"),
+        }
+    )
     run_id = f"past-{uuid.uuid4().hex[:6]}"
+
     def version(v: int) -> PolicyVersionPublished:
-        return PolicyVersionPublished(run_id=run_id, version=v, checkpoint_uri=f"s3://awrl/v{v}",
-                                      checkpoint_sha256="ab" * 32, parent_version=v - 1 if v else None)
+        return PolicyVersionPublished(
+            run_id=run_id,
+            version=v,
+            checkpoint_uri=f"s3://awrl/v{v}",
+            checkpoint_sha256="ab" * 32,
+            parent_version=v - 1 if v else None,
+        )
 
     def update(n: int) -> UpdateApplied:
-        return UpdateApplied(run_id=run_id, update_step=n, version_before=n, version_after=n + 1, group_ids=[],
-                             trajectory_ids=[], loss=0.0, grad_norm=1.0, stats={}, config_json="{}",
-                             weights_sha256="ab" * 32, duration_s=1.0)
+        return UpdateApplied(
+            run_id=run_id,
+            update_step=n,
+            version_before=n,
+            version_after=n + 1,
+            group_ids=[],
+            trajectory_ids=[],
+            loss=0.0,
+            grad_norm=1.0,
+            stats={},
+            config_json="{}",
+            weights_sha256="ab" * 32,
+            duration_s=1.0,
+        )
 
     def group(g: str) -> GroupCompleted:
-        return GroupCompleted(run_id=run_id, group_id=g, task_id="t", trajectory_ids=[f"{g}-{i}" for i in range(4)],
-                              rewards=[1.0, 0.0, 0.0, 1.0], num_steps=[1] * 4,
-                              outcomes=["success", "failure", "failure", "success"], min_policy_version=0,
-                              max_policy_version=0)
+        return GroupCompleted(
+            run_id=run_id,
+            group_id=g,
+            task_id="t",
+            trajectory_ids=[f"{g}-{i}" for i in range(4)],
+            rewards=[1.0, 0.0, 0.0, 1.0],
+            num_steps=[1] * 4,
+            outcomes=["success", "failure", "failure", "success"],
+            min_policy_version=0,
+            max_policy_version=0,
+        )
 
     try:
         create_topics(settings)
         producer = EventProducer(settings, client_id=TRAINER_CLIENT)
         pool = EventProducer(settings, client_id="pool")
-        producer.publish_all([version(0), GroupDropped(run_id=run_id, group_id="g1", task_id="t", reason="stale",
-                                           trainer_version=1, min_policy_version=0),
-                              past_update := update(0), version(1)])
+        producer.publish_all(
+            [
+                version(0),
+                GroupDropped(
+                    run_id=run_id, group_id="g1", task_id="t", reason="stale", trainer_version=1, min_policy_version=0
+                ),
+                past_update := update(0),
+                version(1),
+            ]
+        )
         pool.publish_all([past_group := group("ga")])
         LedgerWriter(settings).sync(idle_exit_s=2)
         producer.publish_all([update(1), version(2)])  # acknowledged; the ledger writer is not running
@@ -329,18 +394,61 @@ def test_a_trainer_resumes_from_its_past_after_the_broker_lost_its_log(stack, se
         # What the pool and the dispatcher follow: the ledger's past, then the log, where the restarted
         # trainer's outbox sends v2 again; each event once.
         seen, stop = [], threading.Event()
-        follower = threading.Thread(target=follow_run,
-                                    args=(settings, TRAINER, run_id, [PolicyVersionPublished, GroupDropped],
-                                          seen.append, stop, EventProducer(settings, "f"), "f"))
+        follower = threading.Thread(
+            target=follow_run,
+            args=(
+                settings,
+                TRAINER,
+                run_id,
+                [PolicyVersionPublished, GroupDropped],
+                seen.append,
+                stop,
+                EventProducer(settings, "f"),
+                "f",
+            ),
+        )
         progress = RunProgress()
-        curriculum = Curriculum([Task(task_id="t", suite="boxes", site="boxes", template="t", difficulty="easy",
-                                      instruction="t", start_path="/")])
-        folds = [threading.Thread(target=follow_run, args=(settings, TRAINER, run_id, [UpdateApplied],
-                                                           progress.on_trainer_event, stop,
-                                                           EventProducer(settings, "p"), "p")),
-                 threading.Thread(target=follow_run, args=(settings, ROLLOUT, run_id, [GroupCompleted],
-                                                           curriculum.on_event, stop, EventProducer(settings, "c"),
-                                                           "c"))]
+        curriculum = Curriculum(
+            [
+                Task(
+                    task_id="t",
+                    suite="boxes",
+                    site="boxes",
+                    template="t",
+                    difficulty="easy",
+                    instruction="t",
+                    start_path="/",
+                )
+            ]
+        )
+        folds = [
+            threading.Thread(
+                target=follow_run,
+                args=(
+                    settings,
+                    TRAINER,
+                    run_id,
+                    [UpdateApplied],
+                    progress.on_trainer_event,
+                    stop,
+                    EventProducer(settings, "p"),
+                    "p",
+                ),
+            ),
+            threading.Thread(
+                target=follow_run,
+                args=(
+                    settings,
+                    ROLLOUT,
+                    run_id,
+                    [GroupCompleted],
+                    curriculum.on_event,
+                    stop,
+                    EventProducer(settings, "c"),
+                    "c",
+                ),
+            ),
+        ]
         for t in (follower, *folds):
             t.start()
         restarted = [EventProducer(settings, client_id=c) for c in (TRAINER_CLIENT, "pool")]

@@ -46,11 +46,14 @@ def test_readme_walk(boxes_warm_start, tmp_path):
     blocks = walked_blocks()
     script = "set -euo pipefail\n" + "".join(f"echo '>>> block {i}'\n{b}" for i, b in enumerate(blocks))
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWRL_") and k != "DEMO_ARGS"}
-    env["DEMO_ARGS"] = (f"--config controlled --warm-start {boxes_warm_start} --rl-updates 8 --rl-minutes 15 "
-                        "--eval-episodes 8 --rl-eval-points 1")
+    env["DEMO_ARGS"] = (
+        f"--config controlled --warm-start {boxes_warm_start} --rl-updates 8 --rl-minutes 15 "
+        "--eval-episodes 8 --rl-eval-points 1"
+    )
     try:
-        out = subprocess.run(["bash", "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True,
-                             timeout=1100)
+        out = subprocess.run(
+            ["bash", "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=1100
+        )
     finally:
         stack = LocalStack.load(tmp_path / ".awrl" / "stack")
         if stack is not None:  # the walk failed before its last block
@@ -61,8 +64,13 @@ def test_readme_walk(boxes_warm_start, tmp_path):
     parts = re.split(r">>> block \d+\n", out.stdout)[1:]
     assert len(parts) == len(blocks)
     demo, runs, exports, drift, queries, replay, show, down = parts
-    for row in ("success after sft", "success after rl", "events in ledger", "dagster assets materialized",
-                "dagster checks passed"):
+    for row in (
+        "success after sft",
+        "success after rl",
+        "events in ledger",
+        "dagster assets materialized",
+        "dagster checks passed",
+    ):
         assert row in demo, row
     assert "failed:" not in demo, demo  # every asset check green on the demo's own run
     assert "see it: awrl view, then http://127.0.0.1:8765/runs/" in demo  # the viewer's page of the run

@@ -29,14 +29,21 @@ def recorded(module_settings, tmp_path_factory):
 
     from pipeline.bus import create_topics
 
-    settings = module_settings.model_copy(update={"topic_prefix": f"t{uuid.uuid4().hex[:8]}",
-                                                  "ledger_uri": str(tmp_path_factory.mktemp("ledger"))})
+    settings = module_settings.model_copy(
+        update={"topic_prefix": f"t{uuid.uuid4().hex[:8]}", "ledger_uri": str(tmp_path_factory.mktemp("ledger"))}
+    )
     create_topics(settings)
     run_id = f"rp-{uuid.uuid4().hex[:6]}"
     publish_groups(settings, run_id, 2)
     LedgerWriter(settings).sync(idle_exit_s=3.0)  # the anchor's demonstrations are read from the ledger
-    config = TrainConfig(run_id=run_id, groups_per_update=1, max_updates=2, batch_timeout_s=30, kl_coef=0.5,
-                         anchor=AnchorConfig(coef=0.5, run_ids=(run_id,), steps=1))
+    config = TrainConfig(
+        run_id=run_id,
+        groups_per_update=1,
+        max_updates=2,
+        batch_timeout_s=30,
+        kl_coef=0.5,
+        anchor=AnchorConfig(coef=0.5, run_ids=(run_id,), steps=1),
+    )
     assert launch(config, nproc=2, env={**os.environ, **settings.environ()}) == 0
     LedgerWriter(settings).sync(idle_exit_s=3.0)
     return settings, run_id
@@ -79,11 +86,14 @@ def test_replay_without_the_anchor_moves_the_weights_otherwise(recorded):
 
 @slow
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("variant, failure, success", [
-    ("per_trajectory", 0.5, 0.5),  # N_i = 1/|tau_i| = 1; each step's tokens share 1/(B=2)
-    ("1/k", 0.05, 0.05),  # N_i = 1/k = 1/10, over B = 2 trajectories
-    ("token", None, None),  # 1/(B * 1280) per token: response length / 2560
-])
+@pytest.mark.parametrize(
+    "variant, failure, success",
+    [
+        ("per_trajectory", 0.5, 0.5),  # N_i = 1/|tau_i| = 1; each step's tokens share 1/(B=2)
+        ("1/k", 0.05, 0.05),  # N_i = 1/k = 1/10, over B = 2 trajectories
+        ("token", None, None),  # 1/(B * 1280) per token: response length / 2560
+    ],
+)
 def test_variant_weights_match_hand_computed_values(recorded, variant, failure, success):
     settings, run_id = recorded
     (b,) = replay(settings, run_id, VARIANTS[variant], updates=range(1, 2), heldout_steps=2)
@@ -132,8 +142,22 @@ def test_replay_cli_writes_the_side_by_side_report(recorded, tmp_path):
     app = typer.Typer()
     register(app)
     env = settings.environ()
-    res = CliRunner().invoke(app, ["replay", run_id, "--variant", "per_trajectory", "--updates", "0..0",
-                                   "--format", "json", "--out", str(tmp_path)], env=env)
+    res = CliRunner().invoke(
+        app,
+        [
+            "replay",
+            run_id,
+            "--variant",
+            "per_trajectory",
+            "--updates",
+            "0..0",
+            "--format",
+            "json",
+            "--out",
+            str(tmp_path),
+        ],
+        env=env,
+    )
     assert res.exit_code == 0, res.output
     (batch,) = json.loads(res.stdout)
     assert batch["exact"] and batch["variant"][0]["stats"]["weight_mass_failure"] == pytest.approx(0.5)
@@ -163,9 +187,13 @@ def test_the_replay_asset_puts_the_variant_beside_the_recording(recorded, monkey
     instance = dg.DagsterInstance.ephemeral()
     instance.add_dynamic_partitions("runs", [run_id])
     ledger = Ledger()
-    result = dg.materialize(replay_assets, partition_key=run_id, instance=instance,
-                            resources={"ledger": ledger, "io_manager": ParquetIOManager(ledger=ledger)},
-                            run_config={"ops": {"replay": {"config": {"variant": "per_trajectory", "updates": "1"}}}})
+    result = dg.materialize(
+        replay_assets,
+        partition_key=run_id,
+        instance=instance,
+        resources={"ledger": ledger, "io_manager": ParquetIOManager(ledger=ledger)},
+        run_config={"ops": {"replay": {"config": {"variant": "per_trajectory", "updates": "1"}}}},
+    )
     (row,) = _materialized(settings, run_id)
     assert row["update_step"] == 1 and row["exact"] and row["loss_replayed"] == row["loss_recorded"]
     variant = dict(row["stats_variant"])
@@ -218,13 +246,23 @@ def recorded_epochs(module_settings, tmp_path_factory):
 
     from pipeline.bus import create_topics
 
-    settings = module_settings.model_copy(update={"topic_prefix": f"t{uuid.uuid4().hex[:8]}",
-                                                  "ledger_uri": str(tmp_path_factory.mktemp("ledger"))})
+    settings = module_settings.model_copy(
+        update={"topic_prefix": f"t{uuid.uuid4().hex[:8]}", "ledger_uri": str(tmp_path_factory.mktemp("ledger"))}
+    )
     create_topics(settings)
     run_id = f"re-{uuid.uuid4().hex[:6]}"
     publish_groups(settings, run_id, 4)
-    config = TrainConfig(run_id=run_id, groups_per_update=2, minibatches=2, ppo_epochs=2, warmup_updates=3,
-                         lr=1e-3, control="shuffled_rewards", max_updates=8, batch_timeout_s=30)
+    config = TrainConfig(
+        run_id=run_id,
+        groups_per_update=2,
+        minibatches=2,
+        ppo_epochs=2,
+        warmup_updates=3,
+        lr=1e-3,
+        control="shuffled_rewards",
+        max_updates=8,
+        batch_timeout_s=30,
+    )
     assert launch(config, nproc=1, env={**os.environ, **settings.environ()}) == 0
     LedgerWriter(settings).sync(idle_exit_s=3.0)
     return settings, run_id, config

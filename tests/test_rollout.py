@@ -29,15 +29,25 @@ from schemas.observation import PolicyOutput
 from faults import account, log_ids
 
 
-def run_pool(settings, suite, policy, groups: int, workers: int, group_size: int = 4, som: bool = False,
-             tasks=None, episode: EpisodeConfig | None = None):
+def run_pool(
+    settings,
+    suite,
+    policy,
+    groups: int,
+    workers: int,
+    group_size: int = 4,
+    som: bool = False,
+    tasks=None,
+    episode: EpisodeConfig | None = None,
+):
     run_id = f"test-{uuid.uuid4().hex[:6]}"
     producer = EventProducer(settings)
     stream = task_stream(tasks or suite.tasks("train"), seed=1)
     dispatch(producer, run_id, stream, groups, group_size)
     producer.close()
-    pool = RolloutPool(settings, {suite.name: suite}, policy,
-                       PoolConfig(workers=workers, episode=episode or EpisodeConfig(som=som)))
+    pool = RolloutPool(
+        settings, {suite.name: suite}, policy, PoolConfig(workers=workers, episode=episode or EpisodeConfig(som=som))
+    )
     stats = asyncio.run(pool.run(max_groups=groups))
     return run_id, stats, read_back(settings, groups)
 
@@ -62,8 +72,9 @@ def by_trajectory(delivered):
 
 def test_oracle_pool_on_our_sites(settings, sites):
     easy = [t for t in sites.tasks("train") if t.difficulty != "hard"]
-    run_id, stats, delivered = run_pool(settings, sites, OraclePolicy({"sites": sites}), groups=4, workers=4,
-                                        tasks=easy)
+    run_id, stats, delivered = run_pool(
+        settings, sites, OraclePolicy({"sites": sites}), groups=4, workers=4, tasks=easy
+    )
     assert stats.episodes == 16 and stats.env_errors == 0
     assert stats.successes / stats.episodes >= 0.95
 
@@ -79,8 +90,11 @@ def test_oracle_pool_on_our_sites(settings, sites):
     for d in delivered:
         if isinstance(d.event, GroupCompleted):
             assert d.event.outcomes.count("success") == sum(r == 1.0 for r in d.event.rewards)
-            earlier = {x.event.trajectory_id for x in delivered if x.partition == d.partition
-                       and x.offset < d.offset and isinstance(x.event, EpisodeFinished)}
+            earlier = {
+                x.event.trajectory_id
+                for x in delivered
+                if x.partition == d.partition and x.offset < d.offset and isinstance(x.event, EpisodeFinished)
+            }
             assert set(d.event.trajectory_ids) <= earlier
     store = ScreenshotStore.from_settings(settings)
     assert all(store.exists(h) for h in set(hashes))
@@ -123,8 +137,11 @@ def _kill_one_browser() -> int:
             args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if (any(a.startswith(b"--awrl-browser=") for a in args) and not any(a.startswith(b"--type=") for a in args)
-                and _ours(int(pid))):
+        if (
+            any(a.startswith(b"--awrl-browser=") for a in args)
+            and not any(a.startswith(b"--type=") for a in args)
+            and _ours(int(pid))
+        ):
             os.kill(int(pid), signal.SIGKILL)
             return int(pid)
     raise AssertionError("no browser to kill")
@@ -141,8 +158,13 @@ def test_killed_browser_ends_episode_as_env_error_and_worker_goes_on(settings, s
     assert sum(f.outcome == "success" for f in finished) == 3, "the same worker ran the later episodes"
     ledger = settings.model_copy(update={"ledger_uri": str(tmp_path / "ledger")})
     LedgerWriter(ledger).sync(idle_exit_s=2)
-    row = account("browser SIGKILLed mid-episode", log_ids(settings, run_id), ledger, run_id,
-                  note="that episode ended as env_error; the worker relaunched its browser and went on")
+    row = account(
+        "browser SIGKILLed mid-episode",
+        log_ids(settings, run_id),
+        ledger,
+        run_id,
+        note="that episode ended as env_error; the worker relaunched its browser and went on",
+    )
     assert row.lost == 0 and row.duplicated == 0
 
 
@@ -159,16 +181,25 @@ class Garbage:
 @pytest.mark.parametrize("streak", [None, 3])
 def test_garbage_output_becomes_invalid_action_steps(settings, sites, streak):
     easy = [t for t in sites.tasks("train") if t.difficulty == "easy" and t.horizon > 3][:1]
-    _, stats, delivered = run_pool(settings, sites, Garbage(), groups=1, workers=1, group_size=1, tasks=easy,
-                                   episode=EpisodeConfig(max_invalid_streak=streak))
+    _, stats, delivered = run_pool(
+        settings,
+        sites,
+        Garbage(),
+        groups=1,
+        workers=1,
+        group_size=1,
+        tasks=easy,
+        episode=EpisodeConfig(max_invalid_streak=streak),
+    )
     steps = [d.event for d in delivered if isinstance(d.event, StepRecorded)]
     assert len(steps) == (streak or easy[0].horizon) and stats.env_errors == 0
     assert all(s.action.kind == "invalid" and s.env_feedback.startswith("invalid action") for s in steps)
     assert all(s.error_class == "invalid_action" for s in steps)
     (finished,) = [d.event for d in delivered if isinstance(d.event, EpisodeFinished)]
     assert finished.outcome == "failure" and finished.num_steps == len(steps)
-    assert finished.reason == ("3 invalid actions in a row" if streak
-                               else f"horizon of {easy[0].horizon} steps reached")
+    assert finished.reason == (
+        "3 invalid actions in a row" if streak else f"horizon of {easy[0].horizon} steps reached"
+    )
 
 
 def test_new_policy_version_is_picked_up_between_steps(settings, sites):
@@ -180,17 +211,25 @@ def test_new_policy_version_is_picked_up_between_steps(settings, sites):
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             if any(isinstance(d.event, StepRecorded) for d in consumer.poll(timeout_ms=200)):
-                publisher.publish_all([PolicyVersionPublished(run_id="r", version=1, checkpoint_uri="mem://1",
-                                                              checkpoint_sha256="0" * 64)])
+                publisher.publish_all(
+                    [
+                        PolicyVersionPublished(
+                            run_id="r", version=1, checkpoint_uri="mem://1", checkpoint_sha256="0" * 64
+                        )
+                    ]
+                )
                 return
 
     t = threading.Thread(target=publish_after_first_step)
     t.start()
-    _, stats, delivered = run_pool(settings, sites, OraclePolicy({"sites": sites}), groups=2, workers=2,
-                                   group_size=2, tasks=multi)
+    _, stats, delivered = run_pool(
+        settings, sites, OraclePolicy({"sites": sites}), groups=2, workers=2, group_size=2, tasks=multi
+    )
     t.join(), consumer.close(), publisher.close()
-    versions = {tid: [e.policy_version for e in evs if isinstance(e, StepRecorded)]
-                for tid, evs in by_trajectory(delivered).items()}
+    versions = {
+        tid: [e.policy_version for e in evs if isinstance(e, StepRecorded)]
+        for tid, evs in by_trajectory(delivered).items()
+    }
     assert any(v[0] == 0 and v[-1] == 1 for v in versions.values()), versions
     assert all(v == sorted(v) for v in versions.values())
     completed = [d.event for d in delivered if isinstance(d.event, GroupCompleted)]
@@ -205,10 +244,31 @@ def test_rollout_cli_smoke(settings):
     import subprocess
     import sys
 
-    out = subprocess.run([sys.executable, "-m", "app.cli", "rollout", "--suite", "miniwob", "--policy", "oracle",
-                          "--workers", "2", "--group-size", "2", "--episodes", "4", "--episode.som",
-                          "--format", "json"],
-                         env=stack_env(settings), capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "app.cli",
+            "rollout",
+            "--suite",
+            "miniwob",
+            "--policy",
+            "oracle",
+            "--workers",
+            "2",
+            "--group-size",
+            "2",
+            "--episodes",
+            "4",
+            "--episode.som",
+            "--format",
+            "json",
+        ],
+        env=stack_env(settings),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     assert json.loads(out.stdout)["episodes"] == 4
 
@@ -242,8 +302,12 @@ def test_a_pool_that_stops_commits_its_last_group(settings):
     producer.close()
     finished = 0
     while finished < 3:  # each pool completes one group, or two when both finish as it stops
-        pool = RolloutPool(settings, {"boxes": suite}, OraclePolicy({"boxes": suite}),
-                           PoolConfig(workers=2, run_id=run_id, consumer_group=f"rollout-{run_id}", journal_dir=None))
+        pool = RolloutPool(
+            settings,
+            {"boxes": suite},
+            OraclePolicy({"boxes": suite}),
+            PoolConfig(workers=2, run_id=run_id, consumer_group=f"rollout-{run_id}", journal_dir=None),
+        )
         finished += asyncio.run(pool.run(max_groups=1)).groups
     suite.stop()
     completed = [d.event.group_id for d in read_back(settings, 3) if isinstance(d.event, GroupCompleted)]

@@ -30,24 +30,71 @@ SHA = "ab" * 32
 def one_of_each():
     events = list(sample_group("run", "g0", [SHA], group_size=2, steps=3, seed=1))
     events += [
-        TaskGroupDispatched(run_id="run", group_id="g0", task_id="t", suite="shop", seed=3, group_size=2,
-                            horizon=10, dispatched_at_version=0),
-        UpdateApplied(run_id="run", update_step=0, version_before=0, version_after=1, group_ids=["g0"],
-                      trajectory_ids=["g0-t0"], loss=0.5, grad_norm=1.25, stats={"clip_frac": 0.1},
-                      config_json="{}", weights_sha256=SHA, duration_s=2.0, world_size=2,
-                      memory=[RankMemory(rank=r, params_bytes=4, grads_bytes=4, optimizer_bytes=8, peak_bytes=100,
-                                         device="cpu") for r in range(2)]),
-        PolicyVersionPublished(run_id="run", version=1, checkpoint_uri="s3://awrl/ckpt/1",
-                               checkpoint_sha256=SHA, update_step=0, parent_version=0, update_ids=["u0"], push_s=0.02),
-        PolicyVersionLoaded(run_id="run", version=1, checkpoint_sha256=SHA, delivery="push", load_s=0.05,
-                            since_published_s=0.3),
-        GroupDropped(run_id="run", group_id="g1", task_id="t", reason="stale", trainer_version=3,
-                     min_policy_version=0),
-        EvaluationCompleted(run_id="run", stage="sft", eval_run_id="eval-1", policy_version=0, suite="sites",
-                            split="heldout", difficulty="easy", episodes=100, successes=37, ci95_low=0.28,
-                            ci95_high=0.47, train_s=120.0),
-        RunStarted(run_id="run", command="run", config_json='{"mode": "async"}', argv=["awrl", "run"],
-                   package_version="0.1.0", host="h"),
+        TaskGroupDispatched(
+            run_id="run",
+            group_id="g0",
+            task_id="t",
+            suite="shop",
+            seed=3,
+            group_size=2,
+            horizon=10,
+            dispatched_at_version=0,
+        ),
+        UpdateApplied(
+            run_id="run",
+            update_step=0,
+            version_before=0,
+            version_after=1,
+            group_ids=["g0"],
+            trajectory_ids=["g0-t0"],
+            loss=0.5,
+            grad_norm=1.25,
+            stats={"clip_frac": 0.1},
+            config_json="{}",
+            weights_sha256=SHA,
+            duration_s=2.0,
+            world_size=2,
+            memory=[
+                RankMemory(rank=r, params_bytes=4, grads_bytes=4, optimizer_bytes=8, peak_bytes=100, device="cpu")
+                for r in range(2)
+            ],
+        ),
+        PolicyVersionPublished(
+            run_id="run",
+            version=1,
+            checkpoint_uri="s3://awrl/ckpt/1",
+            checkpoint_sha256=SHA,
+            update_step=0,
+            parent_version=0,
+            update_ids=["u0"],
+            push_s=0.02,
+        ),
+        PolicyVersionLoaded(
+            run_id="run", version=1, checkpoint_sha256=SHA, delivery="push", load_s=0.05, since_published_s=0.3
+        ),
+        GroupDropped(run_id="run", group_id="g1", task_id="t", reason="stale", trainer_version=3, min_policy_version=0),
+        EvaluationCompleted(
+            run_id="run",
+            stage="sft",
+            eval_run_id="eval-1",
+            policy_version=0,
+            suite="sites",
+            split="heldout",
+            difficulty="easy",
+            episodes=100,
+            successes=37,
+            ci95_low=0.28,
+            ci95_high=0.47,
+            train_s=120.0,
+        ),
+        RunStarted(
+            run_id="run",
+            command="run",
+            config_json='{"mode": "async"}',
+            argv=["awrl", "run"],
+            package_version="0.1.0",
+            host="h",
+        ),
     ]
     return events
 
@@ -96,15 +143,34 @@ def test_columnar_decoding_makes_the_same_table(cls):
     assert columnar_table(columnar, cls).equals(expected, check_metadata=True)
     assert columnar_table(events, cls).equals(expected, check_metadata=True)
     if packed_fields(cls):
-        as_lists = [decode_columnar(e.model_dump_json(exclude=set(packed_fields(cls))).replace(
-            "{", "{" + ",".join(f'"{f}":{getattr(e, f)}' for f in packed_fields(cls)) + ",", 1)) for e in events]
+        as_lists = [
+            decode_columnar(
+                e.model_dump_json(exclude=set(packed_fields(cls))).replace(
+                    "{", "{" + ",".join(f'"{f}":{getattr(e, f)}' for f in packed_fields(cls)) + ",", 1
+                )
+            )
+            for e in events
+        ]
         assert [len(e.response_token_ids) for e in as_lists] == [len(e.response_token_ids) for e in events]
         mixed = [as_lists[0], *columnar[1:-1], events[-1]]
         assert columnar_table(mixed, cls).equals(expected, check_metadata=True)
         assert columnar_table([], cls).equals(events_to_table([], cls), check_metadata=True)
         with pytest.raises(TypeError, match="other than"):
-            columnar_table([EpisodeStarted(run_id="r", trajectory_id="t", group_id="g", task_id="t", worker_id="w",
-                                           instruction="i", horizon=1, policy_version=0)], cls)
+            columnar_table(
+                [
+                    EpisodeStarted(
+                        run_id="r",
+                        trajectory_id="t",
+                        group_id="g",
+                        task_id="t",
+                        worker_id="w",
+                        instruction="i",
+                        horizon=1,
+                        policy_version=0,
+                    )
+                ],
+                cls,
+            )
 
 
 def test_json_round_trip_picks_the_class():
@@ -132,12 +198,15 @@ def test_screenshot_hash_is_checked():
         type(e).model_validate({**e.model_dump(), "screenshot_sha256": "not-a-hash"})
 
 
-@pytest.mark.parametrize("args, missing", [
-    ({"kind": "click", "x": 3}, "x and y, or mark"),
-    ({"kind": "type"}, "text"),
-    ({"kind": "goto"}, "url"),
-    ({"kind": "scroll", "dx": 0}, "dy"),
-])
+@pytest.mark.parametrize(
+    "args, missing",
+    [
+        ({"kind": "click", "x": 3}, "x and y, or mark"),
+        ({"kind": "type"}, "text"),
+        ({"kind": "goto"}, "url"),
+        ({"kind": "scroll", "dx": 0}, "dy"),
+    ],
+)
 def test_action_arguments_checked(args, missing):
     with pytest.raises(ValidationError, match=missing):
         Action(**args)
@@ -152,13 +221,29 @@ def test_click_by_mark_or_coordinates():
 def test_run_ids_that_would_escape_or_break_the_ledger_layout_are_invalid(run_id):
     """A run id becomes a ledger directory and a store prefix: path tricks must not validate."""
     with pytest.raises(ValidationError, match="run_id"):
-        EpisodeStarted(run_id=run_id, trajectory_id="t", group_id="g", task_id="k", worker_id="w",
-                       instruction="i", horizon=1, policy_version=0)
+        EpisodeStarted(
+            run_id=run_id,
+            trajectory_id="t",
+            group_id="g",
+            task_id="k",
+            worker_id="w",
+            instruction="i",
+            horizon=1,
+            policy_version=0,
+        )
 
 
 def test_an_int_beyond_int64_makes_an_invalid_event_not_a_row_the_ledger_cannot_write():
-    e = TaskGroupDispatched(run_id="r", group_id="g", task_id="t", suite="s", seed=2**63 - 1, group_size=1, horizon=1,
-                            dispatched_at_version=0)
+    e = TaskGroupDispatched(
+        run_id="r",
+        group_id="g",
+        task_id="t",
+        suite="s",
+        seed=2**63 - 1,
+        group_size=1,
+        horizon=1,
+        dispatched_at_version=0,
+    )
     assert events_to_table([e]).column("seed").to_pylist() == [2**63 - 1]
     with pytest.raises(ValidationError, match="less than or equal to 9223372036854775807"):
         decode_event(encode_event(e).replace(b'"seed":9223372036854775807', b'"seed":9223372036854775808'))

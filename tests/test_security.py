@@ -37,7 +37,7 @@ def _listening_sockets() -> dict[int, tuple[ipaddress.IPv4Address | ipaddress.IP
 def _address(hex_host: str, width: int):
     """/proc/net/tcp* print each 32-bit word of the address in host (little-endian) byte order."""
     raw = bytes.fromhex(hex_host)
-    words = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+    words = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
     return ipaddress.ip_address(words) if width == 16 else ipaddress.IPv4Address(words)
 
 
@@ -49,7 +49,7 @@ def _socket_inodes(pid: int) -> set[int]:
         except OSError:  # closed since the listing
             continue
         if target.startswith("socket:["):
-            inodes.add(int(target[len("socket:["):-1]))
+            inodes.add(int(target[len("socket:[") : -1]))
     return inodes
 
 
@@ -81,8 +81,10 @@ CREDENTIAL_NAME = r"[A-Za-z0-9_]*(?:PASSWORD|PASSWD|SECRET|SECRET_KEY|ACCESS_KEY
 # `name = "literal"` / `"name": "literal"` (code, JSON) and `NAME=literal` / `NAME: literal` at the
 # start of a line (env files, YAML, Dockerfiles, shell).
 QUOTED = re.compile(rf"""\b({CREDENTIAL_NAME})["']?\s*[:=]\s*["']([^"'\s][^"'\n]*)["']""", re.IGNORECASE)
-UNQUOTED = re.compile(rf"""^[ \t]*(?:ENV\s+|ARG\s+|export\s+|-\s+)?({CREDENTIAL_NAME})[ \t]*[:=][ \t]*([^\s"'#]+)""",
-                      re.IGNORECASE | re.MULTILINE)
+UNQUOTED = re.compile(
+    rf"""^[ \t]*(?:ENV\s+|ARG\s+|export\s+|-\s+)?({CREDENTIAL_NAME})[ \t]*[:=][ \t]*([^\s"'#]+)""",
+    re.IGNORECASE | re.MULTILINE,
+)
 CONFIG_FILE = re.compile(r"(^|/)(\.env[^/]*|Dockerfile[^/]*|Makefile|[^/]+\.(ya?ml|toml|ini|cfg|conf|sh))$|^\.ci/")
 # What a credential may be set to in committed text: a reference to the environment, a placeholder.
 REFERENCE = re.compile(r"^(\$|\{|change-me)")
@@ -92,8 +94,12 @@ FAKE = re.compile(r"^(unused|fake|dummy|wrong|guess|test|example|x+)\b", re.IGNO
 
 def _project_files() -> list[str]:
     """Tracked files plus new ones not yet committed (but not what .gitignore keeps out, like .env)."""
-    out = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"], cwd=ROOT,
-                         capture_output=True, check=True).stdout
+    out = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
+        cwd=ROOT,
+        capture_output=True,
+        check=True,
+    ).stdout
     return sorted({p for p in out.decode().split("\0") if p and (ROOT / p).is_file()})
 
 
@@ -156,8 +162,9 @@ def _env_and_arg_names(dockerfile: Path) -> list[tuple[str, str]]:
     return found
 
 
-@pytest.mark.parametrize("dockerfile", [d for d in DOCKERFILES if not d.name.endswith(".dockerignore")],
-                         ids=lambda d: d.name)
+@pytest.mark.parametrize(
+    "dockerfile", [d for d in DOCKERFILES if not d.name.endswith(".dockerignore")], ids=lambda d: d.name
+)
 def test_images_get_no_secrets_through_env_or_arg(dockerfile):
     settings = _env_and_arg_names(dockerfile)
     assert settings, "no ENV/ARG found: the parser no longer reads this Dockerfile"

@@ -20,8 +20,9 @@ def test_sft_clones_successful_demonstrations_from_the_ledger(settings, tmp_path
     demos = demonstrations(settings, [run_id])
     assert len(demos) == 3 and all(d.success for d in demos)  # failures are not cloned
 
-    result = train_sft(settings, SFTConfig(run_ids=[run_id], out_dir=tmp_path / "sft", epochs=15, lr=3e-3,
-                                           batch_steps=3))
+    result = train_sft(
+        settings, SFTConfig(run_ids=[run_id], out_dir=tmp_path / "sft", epochs=15, lr=3e-3, batch_steps=3)
+    )
     assert len(result.losses) == 15
     assert result.losses[-1] < 0.5 * result.losses[0]
     # the saved model gives the demonstrated responses a higher likelihood than before

@@ -23,8 +23,14 @@ from rollout.suites.sites.judge import judge_answer
 from rollout.suites.tasks_io import TaskFileError, load_tasks
 from schemas.observation import HORIZONS, Observation, Task
 
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync"]
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 VIEWPORT = {"width": 1280, "height": 720}
 OPS = {"click", "type", "select", "press", "goto", "answer", "stop"}
 SITES = ("shop", "wiki", "forms")
@@ -137,9 +143,11 @@ async def _browser_runs(suite: SitesSuite) -> dict:
         tasks = [t for site in SITES for t in _sample(suite, site)]
         queue, verdicts = list(tasks), {}
         await asyncio.gather(*(_worker(browser, suite, queue, verdicts) for _ in range(3)))
-        return {"oracle": [(t, verdicts[t.task_id]) for t in tasks],
-                "failures": {site: await _failure(browser, suite, site) for site in SITES},
-                "sessions": await _two_sessions(browser, suite)}
+        return {
+            "oracle": [(t, verdicts[t.task_id]) for t in tasks],
+            "failures": {site: await _failure(browser, suite, site) for site in SITES},
+            "sessions": await _two_sessions(browser, suite),
+        }
     finally:
         await browser.close()
         await pw.stop()
@@ -224,7 +232,19 @@ def test_generator_is_deterministic_and_files_are_current(tmp_path):
 
 def test_oracle_step_follows_plan(sites):
     task = sites.tasks()[0]
-    obs = Observation(instruction="", screenshots=[], screenshot_sha256=[], url="", feedback="", history=[],
-                      memory={}, marks=[], som=True, step=0, horizon=task.horizon, task=task)
+    obs = Observation(
+        instruction="",
+        screenshots=[],
+        screenshot_sha256=[],
+        url="",
+        feedback="",
+        history=[],
+        memory={},
+        marks=[],
+        som=True,
+        step=0,
+        horizon=task.horizon,
+        task=task,
+    )
     assert sites.oracle_step(obs) == task.oracle[0]
     assert sites.oracle_step(Observation(**{**obs.__dict__, "step": 99})) == {"op": "stop"}

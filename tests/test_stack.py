@@ -35,8 +35,13 @@ def our_processes(data_dir: Path) -> list[int]:
 def test_up_status_down_leaves_nothing_running(tmp_path):
     data = tmp_path / "stack"
     env = {**os.environ, "AWRL_DATA_DIR": str(data)}
-    up = subprocess.run([*AWRL, "stack", "up", "--ephemeral", "--dotenv", str(tmp_path / ".env")],
-                        env=env, capture_output=True, text=True, timeout=180)
+    up = subprocess.run(
+        [*AWRL, "stack", "up", "--ephemeral", "--dotenv", str(tmp_path / ".env")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     try:
         assert up.returncode == 0, up.stdout + up.stderr
         state = json.loads((data / "stack.json").read_text())

@@ -66,9 +66,20 @@ def test_groups_the_trainer_drops_return_their_budget_through_the_dispatchers_fo
     b = StalenessBudget(eta=0, groups_per_update=2)
     assert b.try_dispatch(2) and b.capacity() == 0  # both groups in flight: the dispatcher pauses
     producer = EventProducer(settings)
-    producer.publish_all([
-        GroupDropped(run_id=run_id, group_id=f"g{i}", task_id="boxes-red-0", reason="uninformative",
-                     trainer_version=0, min_policy_version=0, mean_reward=1.0) for i in range(2)])
+    producer.publish_all(
+        [
+            GroupDropped(
+                run_id=run_id,
+                group_id=f"g{i}",
+                task_id="boxes-red-0",
+                reason="uninformative",
+                trainer_version=0,
+                min_policy_version=0,
+                mean_reward=1.0,
+            )
+            for i in range(2)
+        ]
+    )
     stop = threading.Event()
     follower = threading.Thread(target=follow_trainer, args=(settings, run_id, b, stop, producer), daemon=True)
     follower.start()
@@ -77,8 +88,11 @@ def test_groups_the_trainer_drops_return_their_budget_through_the_dispatchers_fo
         while b.capacity() < 2 and time.monotonic() < deadline:
             time.sleep(0.1)
         assert b.capacity() == 2  # two all-equal groups dropped: two more may be sampled
-        producer.publish(PolicyVersionPublished(run_id=run_id, version=1, checkpoint_uri="s3://x/v1",
-                                                checkpoint_sha256="0" * 64, parent_version=0)).get(timeout=60)
+        producer.publish(
+            PolicyVersionPublished(
+                run_id=run_id, version=1, checkpoint_uri="s3://x/v1", checkpoint_sha256="0" * 64, parent_version=0
+            )
+        ).get(timeout=60)
         while b.current_version < 1 and time.monotonic() < deadline:
             time.sleep(0.1)
         assert b.capacity() == (0 + 1 + 1) * 2 - 0

@@ -43,7 +43,7 @@ def test_decision_spans_are_the_action_values_or_where_the_response_broke():
     assert [text[a:b] for a, b in decision_spans(text)] == ['"type"', '"a \\"b\\""', "7"]
     # broken: the character JSON stopped at, not the well-formed prefix before it
     broken = '{"thought": "t", "memory": {"plan step": "0"}, "action": {"kind": "click", "mark": 0"}, "x"}}'
-    (a, b), = decision_spans(broken)
+    ((a, b),) = decision_spans(broken)
     assert broken[:a].endswith('"mark": 0') and broken[a:b] == '"'
     no_action = '{"thought": "t", "memory": {}}'
     assert decision_spans(no_action) == [(len(no_action) - 1, len(no_action))]  # closed without an action
@@ -87,16 +87,28 @@ def test_dr_grpo_advantages_are_not_divided_by_the_std():
 
 def _sample(advantage: float) -> tuple[StepSample, dict[str, bytes]]:
     png = render_page("boxes", seed=4, size=(320, 240))
-    obs = Observation(instruction="Click the red box.", screenshots=[png], screenshot_sha256=[sha256_hex(png)],
-                      url="http://127.0.0.1/", feedback="", history=[], memory={},
-                      marks=[Mark(2, "button", "box", 20, 20, 40, 40)], som=True, step=0, horizon=1,
-                      viewport=(320, 240))
+    obs = Observation(
+        instruction="Click the red box.",
+        screenshots=[png],
+        screenshot_sha256=[sha256_hex(png)],
+        url="http://127.0.0.1/",
+        feedback="",
+        history=[],
+        memory={},
+        marks=[Mark(2, "button", "box", 20, 20, 40, 40)],
+        som=True,
+        step=0,
+        horizon=1,
+        viewport=(320, 240),
+    )
     policy = _policy()
     prompt = policy.generate(*render_prompt(obs)).prompt_token_ids
     response = _ids(RESPONSE)
     behave = policy.teacher_forced_logprobs(prompt, obs.screenshots, response)
-    return (StepSample(prompt, response, obs.screenshot_sha256, behave, [0] * len(response), advantage, 1, True),
-            {obs.screenshot_sha256[0]: png})
+    return (
+        StepSample(prompt, response, obs.screenshot_sha256, behave, [0] * len(response), advantage, 1, True),
+        {obs.screenshot_sha256[0]: png},
+    )
 
 
 def _fresh_model():
@@ -119,7 +131,7 @@ def test_the_gradient_reaches_only_the_action_tokens():
     selected = torch.tensor(decision_token_mask(p.tokenizer, sample.response_token_ids))
     assert 0 < int(selected.sum()) < len(selected) and torch.equal(tokens["mask"], selected)
     hand = _fresh_model()
-    (_, inputs), = Scorer(hand, p.tokenizer, p.image_processor, scorer.suppress, images.__getitem__).samples([sample])
+    ((_, inputs),) = Scorer(hand, p.tokenizer, p.image_processor, scorer.suppress, images.__getitem__).samples([sample])
     logprobs, _ = score(hand, inputs, len(sample.response_token_ids), scorer.suppress, 1.0)
     k, n_selected, trajectories = config.grpo.k, int(selected.sum()), 1
     (-(1.5 / (k * n_selected * trajectories)) * logprobs[selected].sum()).backward()
@@ -137,7 +149,7 @@ def test_scaffold_kl_leaves_the_action_tokens_free():
     model = _fresh_model()
     scorer = Scorer(model, p.tokenizer, p.image_processor, suppressed_token_ids(p.tokenizer), images.__getitem__)
     with torch.no_grad():
-        (_, inputs), = scorer.samples([sample])
+        ((_, inputs),) = scorer.samples([sample])
         own, _ = score(model, inputs, len(sample.response_token_ids), scorer.suppress, 1.0)
     reference = [torch.where(selected, own - 1.0, own)]  # differs from pi_theta on the action tokens only
     for kl, moved in (("scaffold", False), ("all", True)):

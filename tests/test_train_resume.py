@@ -59,12 +59,29 @@ def publish_groups(settings, run_id: str, groups: int, first: int = 0, policy: L
             store.put(png)
             out = policy.generate(*render_prompt(obs))
             tids.append(f"{group_id}-t{t}")
-            events.append(sample_step(run_id, group_id, tids[-1], 0, sha256_hex(png)).model_copy(update={
-                "prompt_token_ids": out.prompt_token_ids, "response_token_ids": out.response_token_ids,
-                "behave_logprobs": out.logprobs, "token_policy_versions": out.token_policy_versions}))
-        events.append(GroupCompleted(run_id=run_id, group_id=group_id, task_id="t", trajectory_ids=tids,
-                                     rewards=[1.0, 0.0], num_steps=[1, 1], outcomes=["success", "failure"],
-                                     min_policy_version=0, max_policy_version=0))
+            events.append(
+                sample_step(run_id, group_id, tids[-1], 0, sha256_hex(png)).model_copy(
+                    update={
+                        "prompt_token_ids": out.prompt_token_ids,
+                        "response_token_ids": out.response_token_ids,
+                        "behave_logprobs": out.logprobs,
+                        "token_policy_versions": out.token_policy_versions,
+                    }
+                )
+            )
+        events.append(
+            GroupCompleted(
+                run_id=run_id,
+                group_id=group_id,
+                task_id="t",
+                trajectory_ids=tids,
+                rewards=[1.0, 0.0],
+                num_steps=[1, 1],
+                outcomes=["success", "failure"],
+                min_policy_version=0,
+                max_policy_version=0,
+            )
+        )
         producer.publish_all(events)
         ids.append(group_id)
     producer.close()
@@ -72,9 +89,20 @@ def publish_groups(settings, run_id: str, groups: int, first: int = 0, policy: L
 
 
 def _observation(png: bytes, sha: str) -> Observation:
-    return Observation(instruction="buy it", screenshots=[png], screenshot_sha256=[sha], url="http://127.0.0.1/",
-                       feedback="", history=[], memory={}, marks=[Mark(1, "button", "Buy", 10, 10, 50, 20)], som=True,
-                       step=0, horizon=10, viewport=(320, 240))
+    return Observation(
+        instruction="buy it",
+        screenshots=[png],
+        screenshot_sha256=[sha],
+        url="http://127.0.0.1/",
+        feedback="",
+        history=[],
+        memory={},
+        marks=[Mark(1, "button", "Buy", 10, 10, 50, 20)],
+        som=True,
+        step=0,
+        horizon=10,
+        viewport=(320, 240),
+    )
 
 
 def trainer_events(settings, run_id: str):
@@ -96,13 +124,35 @@ def test_two_nodes_train_a_qwen3_vl_2b_architecture_one_node_resumes_and_replay_
     run_id = f"nodes-{uuid.uuid4().hex[:6]}"
     groups = publish_groups(settings, run_id, 3, policy=sampler)
     env = {**os.environ, **settings.environ()}
-    train = [sys.executable, "-m", "app.cli", "train", "--run-id", run_id, "--model-dir", str(model_dir),
-             "--groups-per-update", "1", "--batch-timeout-s", "20", "--kl-coef", "0.1"]
+    train = [
+        sys.executable,
+        "-m",
+        "app.cli",
+        "train",
+        "--run-id",
+        run_id,
+        "--model-dir",
+        str(model_dir),
+        "--groups-per-update",
+        "1",
+        "--batch-timeout-s",
+        "20",
+        "--kl-coef",
+        "0.1",
+    ]
 
     endpoint = f"127.0.0.1:{free_port()}"
-    nodes = [subprocess.Popen([*train, "--max-updates", "2", "--nnodes", "2", "--node-rank", str(rank),
-                               "--rdzv-endpoint", endpoint], env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True, start_new_session=True) for rank in (0, 1)]
+    nodes = [
+        subprocess.Popen(
+            [*train, "--max-updates", "2", "--nnodes", "2", "--node-rank", str(rank), "--rdzv-endpoint", endpoint],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
+        for rank in (0, 1)
+    ]
     try:
         outputs = [node.communicate(timeout=400)[0] for node in nodes]
     finally:
@@ -150,8 +200,13 @@ def test_sigkilled_trainer_resumes_without_losing_or_repeating_a_group(settings,
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "config.json"
         path.write_text(config.model_dump_json())
-        proc = subprocess.Popen(torchrun_command(config, path, 2), env=env, start_new_session=True,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        proc = subprocess.Popen(
+            torchrun_command(config, path, 2),
+            env=env,
+            start_new_session=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         deadline = time.monotonic() + 240
         while time.monotonic() < deadline and len(published(trainer_events(settings, run_id))) < 3:
             time.sleep(1)
@@ -181,8 +236,13 @@ def test_sigkilled_trainer_resumes_without_losing_or_repeating_a_group(settings,
     # still hold every event the broker acknowledged, once.
     ledger = settings.model_copy(update={"ledger_uri": str(tmp_path / "ledger")})
     LedgerWriter(ledger).sync(idle_exit_s=2)
-    row = account("trainer SIGKILLed mid-run (2 ranks)", log_ids(settings, run_id), ledger, run_id,
-                  note=f"killed after v{killed_at}; resumed to v5, update steps 0-4 once each")
+    row = account(
+        "trainer SIGKILLed mid-run (2 ranks)",
+        log_ids(settings, run_id),
+        ledger,
+        run_id,
+        note=f"killed after v{killed_at}; resumed to v5, update steps 0-4 once each",
+    )
     assert row.lost == 0 and row.duplicated == 0 and row.rows == row.produced, row
     # The resumed trainer restored the sharded optimizer state the killed one stored: replay, which
     # starts every batch from that stored state, reproduces every update bit for bit.
@@ -191,10 +251,18 @@ def test_sigkilled_trainer_resumes_without_losing_or_repeating_a_group(settings,
 
 def test_what_the_launcher_starts_dies_with_the_launcher():
     """`awrl train` SIGKILLed: the torchrun it started (in a session of its own) goes with it."""
-    launcher = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time; "
-                                 "p = subprocess.Popen(sys.argv[1:], start_new_session=True); "
-                                 "print(p.pid, flush=True); time.sleep(60)", *dies_with_parent(["sleep", "60"])],
-                                stdout=subprocess.PIPE, text=True)
+    launcher = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import subprocess, sys, time; "
+            "p = subprocess.Popen(sys.argv[1:], start_new_session=True); "
+            "print(p.pid, flush=True); time.sleep(60)",
+            *dies_with_parent(["sleep", "60"]),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     child = psutil.Process(int(launcher.stdout.readline()))
     deadline = time.monotonic() + 30
     while child.name() != "sleep" and time.monotonic() < deadline:  # setpriv has asked, then exec'd it

@@ -65,12 +65,14 @@ def test_assembler_groups_steps_and_holds_commits_until_released():
 
 def test_a_rerun_group_keeps_only_the_trajectories_it_completed():
     asm = GroupAssembler("run")
-    crashed = [e for e in sample_group("run", "g0", [SHA], group_size=2, steps=3, seed=5)
-               if e.event_type == "StepRecorded"]  # a pool died before completing the group
+    crashed = [
+        e for e in sample_group("run", "g0", [SHA], group_size=2, steps=3, seed=5) if e.event_type == "StepRecorded"
+    ]  # a pool died before completing the group
     rerun = list(sample_group("run", "g0", [SHA], group_size=2, steps=3, seed=6))
-    rerun = [e.model_copy(update={"trajectory_id": "re-" + e.trajectory_id}) if hasattr(e, "trajectory_id") else e
-             for e in rerun[:-1]] + [rerun[-1].model_copy(update={
-                 "trajectory_ids": ["re-" + t for t in rerun[-1].trajectory_ids]})]
+    rerun = [
+        e.model_copy(update={"trajectory_id": "re-" + e.trajectory_id}) if hasattr(e, "trajectory_id") else e
+        for e in rerun[:-1]
+    ] + [rerun[-1].model_copy(update={"trajectory_ids": ["re-" + t for t in rerun[-1].trajectory_ids]})]
     group = [asm.add(e, ("rollout", 1), i) for i, e in enumerate(crashed + rerun)][-1]
     assert all(s.trajectory_id.startswith("re-") for t in group.trajectories for s in t)
     assert [len(t) for t in group.trajectories] == group.completed.num_steps
@@ -87,9 +89,20 @@ def _policy() -> LocalPolicy:
 def _obs(seed: int) -> Observation:
     png = render_page(f"page {seed}", seed=seed, size=(320, 240))
     marks = [Mark(1, "button", "Add to cart", 20, 20, 80, 20)]
-    return Observation(instruction=f"task {seed}", screenshots=[png], screenshot_sha256=[sha256_hex(png)],
-                       url="http://127.0.0.1/", feedback="", history=[], memory={}, marks=marks, som=True,
-                       step=0, horizon=10, viewport=(320, 240))
+    return Observation(
+        instruction=f"task {seed}",
+        screenshots=[png],
+        screenshot_sha256=[sha256_hex(png)],
+        url="http://127.0.0.1/",
+        feedback="",
+        history=[],
+        memory={},
+        marks=marks,
+        som=True,
+        step=0,
+        horizon=10,
+        viewport=(320, 240),
+    )
 
 
 @functools.cache
@@ -104,13 +117,28 @@ def _batch() -> tuple[list[TrainGroup], dict[str, bytes]]:
                 obs = _obs(10 * gi + 3 * ti + si)
                 images[obs.screenshot_sha256[0]] = obs.screenshots[0]
                 out = policy.generate(*render_prompt(obs))
-                steps.append(sample_step("run", f"g{gi}", f"g{gi}t{ti}", si, obs.screenshot_sha256[0]).model_copy(
-                    update={"prompt_token_ids": out.prompt_token_ids, "response_token_ids": out.response_token_ids,
-                            "behave_logprobs": out.logprobs, "token_policy_versions": out.token_policy_versions}))
+                steps.append(
+                    sample_step("run", f"g{gi}", f"g{gi}t{ti}", si, obs.screenshot_sha256[0]).model_copy(
+                        update={
+                            "prompt_token_ids": out.prompt_token_ids,
+                            "response_token_ids": out.response_token_ids,
+                            "behave_logprobs": out.logprobs,
+                            "token_policy_versions": out.token_policy_versions,
+                        }
+                    )
+                )
             trajectories.append(steps)
-        done = GroupCompleted(run_id="run", group_id=f"g{gi}", task_id="t", trajectory_ids=[f"g{gi}t0", f"g{gi}t1"],
-                              rewards=[1.0, 0.0], num_steps=[1, 2], outcomes=["success", "failure"],
-                              min_policy_version=0, max_policy_version=0)
+        done = GroupCompleted(
+            run_id="run",
+            group_id=f"g{gi}",
+            task_id="t",
+            trajectory_ids=[f"g{gi}t0", f"g{gi}t1"],
+            rewards=[1.0, 0.0],
+            num_steps=[1, 2],
+            outcomes=["success", "failure"],
+            min_policy_version=0,
+            max_policy_version=0,
+        )
         groups.append(TrainGroup(done, trajectories, [1.0, -1.0], {}))
     return groups, images
 
@@ -171,8 +199,11 @@ def test_kl_penalty_to_an_identical_reference_changes_nothing_and_to_another_pul
     frozen = scorer.frozen(tmp_path / "ref")
     assert not any(p.requires_grad for p in frozen.model.parameters())
     config = TrainConfig(run_id="run", kl_coef=1.0)
-    _, tokens = combine(accumulate_gradients(scorer, samples, trajectories, 0, config,
-                                             reference=response_logprobs(frozen, samples, 1.0)))
+    _, tokens = combine(
+        accumulate_gradients(
+            scorer, samples, trajectories, 0, config, reference=response_logprobs(frozen, samples, 1.0)
+        )
+    )
     assert update_stats(tokens, config)["kl_ref"] > 0
 
 
@@ -185,23 +216,38 @@ def test_shards_are_padded_to_equal_counts_and_interleave_back_to_the_one_proces
     pad = ranks[1][-1]
     assert not pad.live and pad in [x.__class__(**{**vars(x), "live": False}) for x in five]
     assert len(pad.prompt_token_ids + pad.response_token_ids) == min(
-        len(x.prompt_token_ids + x.response_token_ids) for x in five)  # the batch's shortest
+        len(x.prompt_token_ids + x.response_token_ids) for x in five
+    )  # the batch's shortest
     whole = shard(five, 0, 1)
     assert [x for x in interleave(ranks) if x.live] == whole  # rank r's k-th sample is k * world + r
     assert [len(s) for s in (shard(samples[:1], r, 2) for r in range(2))] == [1, 1]  # fewer samples than ranks
 
 
-def _torchrun_steps(tmp_path, samples, trajectories, config, nproc: int, steps: int = 2, device: str = "cpu",
-                    demonstrations=()) -> list[dict]:
+def _torchrun_steps(
+    tmp_path, samples, trajectories, config, nproc: int, steps: int = 2, device: str = "cpu", demonstrations=()
+) -> list[dict]:
     _, images = _batch()
     name = f"{nproc}-{len(samples)}-{config.activation_checkpointing}-{device}-{len(demonstrations)}"
-    (tmp_path / f"{name}.pkl").write_bytes(pickle.dumps(
-        (samples, trajectories, images, _policy().model.state_dict(), config, steps, list(demonstrations))))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-           str(Path(__file__).with_name("torchrun_step.py")), str(tmp_path / f"{name}.pkl"),
-           str(tmp_path / f"{name}.pt")]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "OMP_NUM_THREADS": "1", "AWRL_TEST_DEVICE": device})
+    (tmp_path / f"{name}.pkl").write_bytes(
+        pickle.dumps((samples, trajectories, images, _policy().model.state_dict(), config, steps, list(demonstrations)))
+    )
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={nproc}",
+        str(Path(__file__).with_name("torchrun_step.py")),
+        str(tmp_path / f"{name}.pkl"),
+        str(tmp_path / f"{name}.pt"),
+    ]
+    proc = subprocess.run(
+        cmd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "OMP_NUM_THREADS": "1", "AWRL_TEST_DEVICE": device},
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return torch.load(tmp_path / f"{name}.pt", weights_only=False)
 
@@ -211,8 +257,9 @@ def _emulated_steps(samples, trajectories, config, world: int, steps: int = 2) -
     emulated, scorer, out = EmulatedFSDP(model, world, config.lr, config.weight_decay), _scorer(model), []
     with _threads(1):
         for s in range(steps):
-            step = optimizer_step(scorer, emulated, config, s, [shard(samples, r, world) for r in range(world)],
-                                  trajectories, 0, None)
+            step = optimizer_step(
+                scorer, emulated, config, s, [shard(samples, r, world) for r in range(world)], trajectories, 0, None
+            )
             out.append((combine(step.scored)[0], step.grad_norm, weights_sha256(model.state_dict()), emulated.sha256()))
     return out
 
@@ -251,8 +298,9 @@ def test_fsdp2_ranks_equal_one_process_and_replay_emulates_them_bit_for_bit(tmp_
     for world, recorded, subset in ((1, one, samples), (2, two, samples), (2, uneven, samples[:5])):
         replayed = _emulated_steps(subset, trajectories, config, world)
         # the weights, and the digest the ranks computed from their own shards without gathering them
-        assert replayed == [(r["loss"], r["grad_norm"], weights_sha256(r["weights"]), r["digest"])
-                            for r in recorded], world
+        assert replayed == [(r["loss"], r["grad_norm"], weights_sha256(r["weights"]), r["digest"]) for r in recorded], (
+            world
+        )
     assert one[-1]["digest"] == weights_sha256(one[-1]["weights"])  # one rank's digest is the whole model's hash
 
 
@@ -260,8 +308,9 @@ def test_activation_checkpointing_changes_no_bit(tmp_path):
     batch, _ = _batch()
     samples, trajectories = flatten(batch)
     plain = _torchrun_steps(tmp_path, samples, trajectories, TrainConfig(run_id="run", lr=1e-3), 2, steps=1)
-    checkpointed = _torchrun_steps(tmp_path, samples, trajectories,
-                                   TrainConfig(run_id="run", lr=1e-3, activation_checkpointing=True), 2, steps=1)
+    checkpointed = _torchrun_steps(
+        tmp_path, samples, trajectories, TrainConfig(run_id="run", lr=1e-3, activation_checkpointing=True), 2, steps=1
+    )
     assert weights_sha256(plain[0]["weights"]) == weights_sha256(checkpointed[0]["weights"])
     assert (plain[0]["loss"], plain[0]["grad_norm"]) == (checkpointed[0]["loss"], checkpointed[0]["grad_norm"])
 
@@ -277,9 +326,17 @@ def test_learning_rate_warms_up_then_decays_linearly():
 def test_shuffled_rewards_are_a_seeded_permutation_of_the_group_rewards():
     from trainer.batch import control_rewards
 
-    group = GroupCompleted(run_id="r", group_id="g1", task_id="t", trajectory_ids=list("abcdefgh"),
-                           rewards=[1, 0, 0, 1, 0, 0, 0, 1], num_steps=[1] * 8, outcomes=["success"] * 8,
-                           min_policy_version=0, max_policy_version=0)
+    group = GroupCompleted(
+        run_id="r",
+        group_id="g1",
+        task_id="t",
+        trajectory_ids=list("abcdefgh"),
+        rewards=[1, 0, 0, 1, 0, 0, 0, 1],
+        num_steps=[1] * 8,
+        outcomes=["success"] * 8,
+        min_policy_version=0,
+        max_policy_version=0,
+    )
     assert control_rewards(group) == group.rewards
     shuffled = control_rewards(group, "shuffled_rewards")
     assert sorted(shuffled) == sorted(group.rewards) and shuffled == control_rewards(group, "shuffled_rewards")
@@ -312,8 +369,16 @@ def test_one_optimizer_step_moves_each_token_the_way_its_advantage_says(sign):
     scorer, config = _scorer(model), TrainConfig(run_id="run", lr=1e-4)
     before = response_logprobs(scorer, samples, 1.0)
     with _threads(1):
-        optimizer_step(scorer, EmulatedFSDP(model, 1, config.lr, config.weight_decay), config, 0,
-                       [shard(samples, 0, 1)], trajectories, 0, None)
+        optimizer_step(
+            scorer,
+            EmulatedFSDP(model, 1, config.lr, config.weight_decay),
+            config,
+            0,
+            [shard(samples, 0, 1)],
+            trajectories,
+            0,
+            None,
+        )
     after = response_logprobs(scorer, samples, 1.0)
     moved = {+1: [], -1: []}
     for s, b, a in zip(samples, before, after):
@@ -327,8 +392,16 @@ def test_starvation_names_its_cause_from_the_dropped_groups():
     from trainer.starvation import Starvation
 
     def dropped(reason="uninformative", mean_reward=0.0, invalid_share=0.0):
-        return GroupDropped(run_id="r", group_id="g", task_id="t", reason=reason, trainer_version=0,
-                            min_policy_version=0, mean_reward=mean_reward, invalid_share=invalid_share)
+        return GroupDropped(
+            run_id="r",
+            group_id="g",
+            task_id="t",
+            reason=reason,
+            trainer_version=0,
+            min_policy_version=0,
+            mean_reward=mean_reward,
+            invalid_share=invalid_share,
+        )
 
     s = Starvation()
     for _ in range(3):

@@ -26,14 +26,20 @@ def test_a_short_run_trains_and_reaches_the_ledger(settings, tmp_path, mode):
     settings = settings.model_copy(update={"ledger_uri": str(tmp_path / "ledger")})
     # budgeted in updates: the run ends when the trainer has made them; the minutes are only a cap that
     # a loaded machine may reach, and then the assertion names how far it got
-    config = RunConfig(mode=mode, minutes=CAP_MINUTES, rollout=replace(RunConfig().rollout, policy="demo", noise=0.5),
-                       train=TrainConfig(run_id="", groups_per_update=1, dynamic_sampling=False, max_updates=UPDATES),
-                       log_dir=tmp_path / "runs", tensorboard=tmp_path / "tb")
+    config = RunConfig(
+        mode=mode,
+        minutes=CAP_MINUTES,
+        rollout=replace(RunConfig().rollout, policy="demo", noise=0.5),
+        train=TrainConfig(run_id="", groups_per_update=1, dynamic_sampling=False, max_updates=UPDATES),
+        log_dir=tmp_path / "runs",
+        tensorboard=tmp_path / "tb",
+    )
     seen = []
     summary = run_training(settings, config, on_progress=seen.append)
     print(f"\n{mode}: {summary}")
     assert summary.updates == UPDATES and summary.version == UPDATES and seen, (
-        f"{summary.updates} of {UPDATES} updates within the {CAP_MINUTES}-minute cap: {summary}")
+        f"{summary.updates} of {UPDATES} updates within the {CAP_MINUTES}-minute cap: {summary}"
+    )
     assert summary.episodes > 0 and not summary.stopped
     assert 0 < summary.record_share < 1 and summary.ledger_share is not None and summary.ledger_share > 0
     con = connect(settings.ledger_uri)
@@ -50,8 +56,9 @@ def _tensorboard_matches_the_ledger(con, run_id: str, logdir) -> None:
 
     events = EventAccumulator(str(logdir / run_id))
     events.Reload()
-    updates = con.execute("SELECT update_step, loss FROM updates WHERE run_id = $r ORDER BY update_step",
-                          {"r": run_id}).fetchall()
+    updates = con.execute(
+        "SELECT update_step, loss FROM updates WHERE run_id = $r ORDER BY update_step", {"r": run_id}
+    ).fetchall()
     assert [(e.step, e.value) for e in events.Scalars("update/loss")] == [(s, pytest.approx(v)) for s, v in updates]
 
 
@@ -68,7 +75,9 @@ def _the_viewer_shows_a_real_step(settings, con, run_id: str) -> None:
 
     tid, step, marks = con.execute(
         "SELECT trajectory_id, step, len(marks) FROM steps WHERE run_id = $r AND len(marks) > 0 "
-        "ORDER BY trajectory_id, step LIMIT 1", {"r": run_id}).fetchall()[0]
+        "ORDER BY trajectory_id, step LIMIT 1",
+        {"r": run_id},
+    ).fetchall()[0]
     assert marks > 0  # the rollout records the Set-of-Mark elements of each screen
     server = uvicorn.Server(uvicorn.Config(make_app(settings), host="127.0.0.1", port=0, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)

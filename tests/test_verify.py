@@ -22,8 +22,12 @@ SHA = "ab" * 32
 
 def versions(run: str, *pairs: tuple[int, int | None]) -> list[PolicyVersionPublished]:
     """PolicyVersionPublished events of (version, parent version)."""
-    return [PolicyVersionPublished(run_id=run, version=v, parent_version=p, checkpoint_uri=f"s3://awrl/ckpt/{v}",
-                                   checkpoint_sha256=SHA) for v, p in pairs]
+    return [
+        PolicyVersionPublished(
+            run_id=run, version=v, parent_version=p, checkpoint_uri=f"s3://awrl/ckpt/{v}", checkpoint_sha256=SHA
+        )
+        for v, p in pairs
+    ]
 
 
 def sound() -> list:
@@ -31,15 +35,19 @@ def sound() -> list:
 
 
 def without(events: list, trajectory_id: str, step: int) -> list:
-    return [e for e in events if not (type(e).__name__ == "StepRecorded" and e.trajectory_id == trajectory_id
-                                      and e.step == step)]
+    return [
+        e
+        for e in events
+        if not (type(e).__name__ == "StepRecorded" and e.trajectory_id == trajectory_id and e.step == step)
+    ]
 
 
 def same_drift(a: dict, b: dict) -> bool:
     """Equal drift reports, floats to rounding: the rows come in another order, so sums do too."""
     flat = {k: v for k, v in b.items() if isinstance(v, float)}
-    return {k: v for k, v in a.items() if k not in flat} == {k: v for k, v in b.items() if k not in flat} \
-        and {k: a[k] for k in flat} == pytest.approx(flat)
+    return {k: v for k, v in a.items() if k not in flat} == {k: v for k, v in b.items() if k not in flat} and {
+        k: a[k] for k in flat
+    } == pytest.approx(flat)
 
 
 def found(root, run_id: str | None = "r1", outbox_dir=None) -> dict[str, list[dict]]:
@@ -88,9 +96,11 @@ def test_a_copy_in_both_kinds_of_step_file_counts_once(tmp_path):
     shutil.copytree(tmp_path / "new", tmp_path / "old", dirs_exist_ok=True)
     shutil.rmtree(tmp_path / "new")  # the copy holds the same event ids in both kinds of file
     with connect(tmp_path / "old") as con:
-        assert con.execute("SELECT (SELECT count(*) FROM step_recorded_summarized), "
-                           "(SELECT count(*) FROM step_recorded_unsummarized), "
-                           "(SELECT count(*) FROM step_token_summary)").fetchone() == (11, 0, 11)
+        assert con.execute(
+            "SELECT (SELECT count(*) FROM step_recorded_summarized), "
+            "(SELECT count(*) FROM step_recorded_unsummarized), "
+            "(SELECT count(*) FROM step_token_summary)"
+        ).fetchone() == (11, 0, 11)
         assert same_drift(drift_metrics(con, "r1").to_dict(), drift)
     assert len(found(tmp_path / "old")["duplicates"]) == len(events) - len(run_r2())  # every event of r1
 
@@ -119,7 +129,8 @@ def test_events_left_in_an_outbox_are_found(tmp_path):
     outbox.close()
     rows = found(tmp_path / "ledger", "r1", tmp_path / "outbox")[OUTBOX]
     assert [(r["event_id"], r["in_ledger"]) for r in rows] == sorted(
-        [(events[0].event_id, False), (events[1].event_id, True)])
+        [(events[0].event_id, False), (events[1].event_id, True)]
+    )
     assert found(tmp_path / "ledger", "r2", tmp_path / "outbox")[OUTBOX] == []
     assert found(tmp_path / "ledger", "r1", tmp_path / "empty")[OUTBOX] == []
 
@@ -157,14 +168,22 @@ def test_cli_exits_0_on_a_sound_ledger_and_1_with_one_line_per_kind(tmp_path, aw
     assert code == 1 and err.count("\n") == 1, err
     assert "3 duplicates, 1 missing steps, 1 version gaps, 1 unconfirmed outbox" in err
     lines = out.splitlines()
-    assert [line.split(":")[0] for line in lines] == ["duplicates", "missing steps", "version gaps",
-                                                      "unconfirmed outbox"]
+    assert [line.split(":")[0] for line in lines] == [
+        "duplicates",
+        "missing steps",
+        "version gaps",
+        "unconfirmed outbox",
+    ]
     assert lines[1].startswith("missing steps: 1 trajectories with a step missing (e.g. run_id r1, trajectory_id C")
 
     code, out, _ = awrl("--format", "json", "--ledger-uri", tmp_path / "bad")  # every run
     assert code == 1
     assert {f["kind"]: f["count"] for f in json.loads(out)} == {
-        "duplicates": 3, "missing_steps": 1, "version_gaps": 1, "unconfirmed_outbox": 1}
+        "duplicates": 3,
+        "missing_steps": 1,
+        "version_gaps": 1,
+        "unconfirmed_outbox": 1,
+    }
     code, _, err = awrl("nosuch", "--ledger-uri", tmp_path / "bad")
     assert code == 2 and err.startswith("error: no run 'nosuch' in the ledger")
 

@@ -15,10 +15,23 @@ import torch
 
 def test_a_version_is_the_snapshot_and_is_announced_only_once_every_rank_stored_it(settings, tmp_path):
     run_id, out = f"ver-{uuid.uuid4().hex[:6]}", tmp_path / "out.pt"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           str(Path(__file__).with_name("torchrun_versions.py")), run_id, str(out)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, **settings.environ(), "OMP_NUM_THREADS": "1"})
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        str(Path(__file__).with_name("torchrun_versions.py")),
+        run_id,
+        str(out),
+    ]
+    proc = subprocess.run(
+        cmd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, **settings.environ(), "OMP_NUM_THREADS": "1"},
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = torch.load(out, weights_only=False)
     assert got["durable"] == 2

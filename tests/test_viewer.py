@@ -55,9 +55,13 @@ def viewed(module_settings, tmp_path_factory):
     _write_broken_trajectory(settings, run_id)
     port = _free_port()
     log = open(tmp_path_factory.mktemp("viewer") / "view.log", "wb")
-    proc = subprocess.Popen([str(Path(sys.executable).with_name("awrl")), "view", "--port", str(port)],
-                            env={**os.environ, **settings.environ()}, stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        [str(Path(sys.executable).with_name("awrl")), "view", "--port", str(port)],
+        env={**os.environ, **settings.environ()},
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
     while True:
@@ -81,11 +85,30 @@ def _write_broken_trajectory(settings, run_id: str) -> None:
     corrupt = hashlib.sha256(render_page("corrupt me", seed=99)).hexdigest()
     body = b"not the bytes that hash to the key"
     minio_client(settings).put_object(settings.s3_bucket, store.key(corrupt), io.BytesIO(body), len(body))
-    events = [EpisodeStarted(run_id=run_id, trajectory_id=BROKEN, group_id="broken", task_id="sample-task",
-                             worker_id="sample", instruction="x", horizon=10, policy_version=0),
-              sample_step(run_id, "broken", BROKEN, 0, missing), sample_step(run_id, "broken", BROKEN, 1, corrupt),
-              EpisodeFinished(run_id=run_id, trajectory_id=BROKEN, group_id="broken", task_id="sample-task",
-                              outcome="env_error", reward=0.0, num_steps=2, reason="browser_crash")]
+    events = [
+        EpisodeStarted(
+            run_id=run_id,
+            trajectory_id=BROKEN,
+            group_id="broken",
+            task_id="sample-task",
+            worker_id="sample",
+            instruction="x",
+            horizon=10,
+            policy_version=0,
+        ),
+        sample_step(run_id, "broken", BROKEN, 0, missing),
+        sample_step(run_id, "broken", BROKEN, 1, corrupt),
+        EpisodeFinished(
+            run_id=run_id,
+            trajectory_id=BROKEN,
+            group_id="broken",
+            task_id="sample-task",
+            outcome="env_error",
+            reward=0.0,
+            num_steps=2,
+            reason="browser_crash",
+        ),
+    ]
     writer = LedgerWriter(settings)
     for cls in (EpisodeStarted, type(events[1]), EpisodeFinished):
         writer._write(run_id, cls.__name__, [e for e in events if isinstance(e, cls)])
@@ -110,19 +133,29 @@ def page(browser):
 
 def _ids(settings, run_id: str) -> dict:
     con = connect(settings.ledger_uri)
-    first = con.execute("SELECT trajectory_id, group_id FROM trajectories WHERE run_id = $r AND group_id = 'g0' "
-                        "ORDER BY num_steps DESC, trajectory_id LIMIT 1", {"r": run_id}).fetchall()[0]
-    counts = dict(con.execute("SELECT outcome, count(*) FROM trajectories WHERE run_id = $r GROUP BY ALL",
-                              {"r": run_id}).fetchall())
+    first = con.execute(
+        "SELECT trajectory_id, group_id FROM trajectories WHERE run_id = $r AND group_id = 'g0' "
+        "ORDER BY num_steps DESC, trajectory_id LIMIT 1",
+        {"r": run_id},
+    ).fetchall()[0]
+    counts = dict(
+        con.execute(
+            "SELECT outcome, count(*) FROM trajectories WHERE run_id = $r GROUP BY ALL", {"r": run_id}
+        ).fetchall()
+    )
     return {"trajectory": first[0], "group": first[1], "counts": counts, "con": con}
 
 
 def test_every_page_loads_for_a_recorded_run(viewed, page):
     settings, run_id, base, _ = viewed
     ids = _ids(settings, run_id)
-    for path, heading in [("/", "Runs"), (f"/runs/{run_id}", run_id),
-                          (f"/runs/{run_id}/trajectories/{ids['trajectory']}", ids["trajectory"]),
-                          (f"/runs/{run_id}/groups/g0", "group g0"), (f"/runs/{run_id}/updates/0", "update 0")]:
+    for path, heading in [
+        ("/", "Runs"),
+        (f"/runs/{run_id}", run_id),
+        (f"/runs/{run_id}/trajectories/{ids['trajectory']}", ids["trajectory"]),
+        (f"/runs/{run_id}/groups/g0", "group g0"),
+        (f"/runs/{run_id}/updates/0", "update 0"),
+    ]:
         response = page.goto(base + path)
         assert response.status == 200, path
         assert page.locator("h1").inner_text().startswith(heading), path
@@ -141,9 +174,12 @@ def test_a_screenshot_renders_the_stored_pixels(viewed, page):
     img = page.locator("img.plain").first
     sha = img.get_attribute("data-sha")
     page.wait_for_function("img => img.complete && img.naturalWidth > 0", arg=img.element_handle())
-    drawn = page.evaluate("""img => { const c = document.createElement('canvas');
+    drawn = page.evaluate(
+        """img => { const c = document.createElement('canvas');
         c.width = img.naturalWidth; c.height = img.naturalHeight;
-        c.getContext('2d').drawImage(img, 0, 0); return c.toDataURL('image/png'); }""", img.element_handle())
+        c.getContext('2d').drawImage(img, 0, 0); return c.toDataURL('image/png'); }""",
+        img.element_handle(),
+    )
     seen = Image.open(io.BytesIO(base64.b64decode(drawn.split(",", 1)[1]))).convert("RGB")
     stored = Image.open(io.BytesIO(ScreenshotStore.from_settings(settings).get(sha))).convert("RGB")
     assert seen.size == stored.size == (1280, 720)
@@ -176,10 +212,17 @@ def test_the_memory_highlight_matches_the_drift_key_sets(viewed, page):
     ids = _ids(settings, run_id)
     con = ids["con"]
     con.execute(load_sql("drift_step_keys"), {"run_id": run_id})
-    keys = dict(con.execute("SELECT step, num_keys FROM drift_step_keys WHERE trajectory_id = $t",
-                            {"t": ids["trajectory"]}).fetchall())
-    memory = dict(con.execute("SELECT step, memory_keys FROM steps WHERE run_id = $r AND trajectory_id = $t",
-                              {"r": run_id, "t": ids["trajectory"]}).fetchall())
+    keys = dict(
+        con.execute(
+            "SELECT step, num_keys FROM drift_step_keys WHERE trajectory_id = $t", {"t": ids["trajectory"]}
+        ).fetchall()
+    )
+    memory = dict(
+        con.execute(
+            "SELECT step, memory_keys FROM steps WHERE run_id = $r AND trajectory_id = $t",
+            {"r": run_id, "t": ids["trajectory"]},
+        ).fetchall()
+    )
     page.goto(f"{base}/runs/{run_id}/trajectories/{ids['trajectory']}")
     assert len(keys) >= 2
     for step, n in keys.items():
@@ -213,13 +256,21 @@ def _status(base: str, path: str) -> tuple[int, str]:
 
 def test_bad_input_is_a_404_page_without_a_traceback(viewed, page):
     settings, run_id, base, _ = viewed
-    for path in ["/runs/no-such-run", f"/runs/{run_id}/trajectories/no-such", f"/runs/{run_id}/groups/nope",
-                 f"/runs/{run_id}/updates/99", "/runs/bad%20id", f"/runs/{run_id}?outcome=maybe",
-                 "/screenshots/../../etc/passwd", "/screenshots/..%2F..%2Fetc%2Fpasswd.png",
-                 "/screenshots/%2e%2e%2fstack.env.png", "/screenshots/" + "0" * 64 + ".png"]:
+    for path in [
+        "/runs/no-such-run",
+        f"/runs/{run_id}/trajectories/no-such",
+        f"/runs/{run_id}/groups/nope",
+        f"/runs/{run_id}/updates/99",
+        "/runs/bad%20id",
+        f"/runs/{run_id}?outcome=maybe",
+        "/screenshots/../../etc/passwd",
+        "/screenshots/..%2F..%2Fetc%2Fpasswd.png",
+        "/screenshots/%2e%2e%2fstack.env.png",
+        "/screenshots/" + "0" * 64 + ".png",
+    ]:
         status, body = _status(base, path)
         assert status == 404, path
-        assert "Traceback" not in body and "File \"" not in body, path
+        assert "Traceback" not in body and 'File "' not in body, path
     # the broken trajectory still shows both steps, each with a placeholder that says which
     page.goto(f"{base}/runs/{run_id}/trajectories/{BROKEN}")
     placeholders = page.locator(".placeholder").all_inner_texts()
@@ -230,8 +281,12 @@ def test_bad_input_is_a_404_page_without_a_traceback(viewed, page):
 
 def test_the_server_binds_loopback_only(viewed):
     *_, pid = viewed
-    listening = [c.laddr for p in [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
-                 for c in p.net_connections("inet") if c.status == psutil.CONN_LISTEN]
+    listening = [
+        c.laddr
+        for p in [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+        for c in p.net_connections("inet")
+        if c.status == psutil.CONN_LISTEN
+    ]
     assert listening and all(addr.ip == "127.0.0.1" for addr in listening)
 
 
@@ -245,24 +300,31 @@ def test_tensorboard_export_reads_back_as_the_updates_view(viewed, tmp_path):
     events = EventAccumulator(str(tmp_path / run_id))
     events.Reload()
     con = connect(settings.ledger_uri)
-    cursor = con.execute("SELECT update_step, loss, grad_norm, stats, COLUMNS('^mismatch_') FROM updates "
-                         "WHERE run_id = $r", {"r": run_id})
+    cursor = con.execute(
+        "SELECT update_step, loss, grad_norm, stats, COLUMNS('^mismatch_') FROM updates WHERE run_id = $r",
+        {"r": run_id},
+    )
     names = [d[0] for d in cursor.description]
     for step, loss, grad_norm, stats, *mismatch in cursor.fetchall():
-        expect = {"update/loss": loss, "update/grad_norm": grad_norm,
-                  **{f"update/{k}": v for k, v in stats.items() if not k.startswith("mismatch_")},
-                  **{f"mismatch/{k.removeprefix('mismatch_')}": v
-                     for k, v in zip(names[4:], mismatch) if v is not None}}
+        expect = {
+            "update/loss": loss,
+            "update/grad_norm": grad_norm,
+            **{f"update/{k}": v for k, v in stats.items() if not k.startswith("mismatch_")},
+            **{f"mismatch/{k.removeprefix('mismatch_')}": v for k, v in zip(names[4:], mismatch) if v is not None},
+        }
         assert {"mismatch/k3", "mismatch/ratio_max", "mismatch/stale_tokens"} <= set(expect)
         for tag, value in expect.items():
             assert [(e.step, e.value) for e in events.Scalars(tag)] == [(step, pytest.approx(value, rel=1e-6))]
     tags = set(events.Tags()["scalars"])
     assert "mismatch/stale_k3" not in tags and not any(t.startswith("update/mismatch") for t in tags)  # NULL: none
-    training = con.execute("SELECT policy_version, success_rate FROM success_by_version WHERE run_id = $r "
-                           "AND policy_version < 1", {"r": run_id}).fetchall()  # v0 is superseded by v1
+    training = con.execute(
+        "SELECT policy_version, success_rate FROM success_by_version WHERE run_id = $r AND policy_version < 1",
+        {"r": run_id},
+    ).fetchall()  # v0 is superseded by v1
     assert [(e.step, pytest.approx(e.value)) for e in events.Scalars("rollout/success_rate")] == training
-    bad = subprocess.run([awrl, "export", "tensorboard", "no-such-run", "--out", str(tmp_path)], env=env,
-                         capture_output=True, text=True)
+    bad = subprocess.run(
+        [awrl, "export", "tensorboard", "no-such-run", "--out", str(tmp_path)], env=env, capture_output=True, text=True
+    )
     assert bad.returncode == 2 and "no run 'no-such-run'" in bad.stderr and "Traceback" not in bad.stderr
 
 
@@ -275,13 +337,15 @@ def test_dataset_export_loads_with_pyarrow_and_datasets(viewed, tmp_path):
     awrl = str(Path(sys.executable).with_name("awrl"))
     env = {**os.environ, **settings.environ()}
     # the broken trajectory's screenshots cannot be exported: the command says which, in one line
-    failed = subprocess.run([awrl, "export", "dataset", run_id, "--out", str(out)], env=env,
-                            capture_output=True, text=True)
+    failed = subprocess.run(
+        [awrl, "export", "dataset", run_id, "--out", str(out)], env=env, capture_output=True, text=True
+    )
     assert failed.returncode == 2 and "Traceback" not in failed.stderr, failed.stderr
     assert "screenshot" in failed.stderr
     con = connect(settings.ledger_uri)
-    good = con.execute("SELECT count(*) FROM steps WHERE run_id = $r AND trajectory_id <> $b",
-                       {"r": run_id, "b": BROKEN}).fetchall()[0][0]
+    good = con.execute(
+        "SELECT count(*) FROM steps WHERE run_id = $r AND trajectory_id <> $b", {"r": run_id, "b": BROKEN}
+    ).fetchall()[0][0]
     out = tmp_path / "ds-good"
     subprocess.run([awrl, "export", "dataset", run_id, "--out", str(out), "--skip-unreadable"], env=env, check=True)
     table = pq.read_table(out)
@@ -299,8 +363,10 @@ def test_the_update_page_shows_the_sampler_trainer_mismatch(viewed, page):
     settings, run_id, base, _ = viewed
     page.goto(f"{base}/runs/{run_id}/updates/0")
     fresh = page.locator("#mismatch-fresh td").all_inner_texts()
-    assert fresh == ["fresh", "40"] + [f"{MISMATCH[f'mismatch_{k}']:.4g}" for k in
-                                      ("nonfinite", "k1", "k2", "k3", "ratio_min", "ratio_max", "ratio_tail")]
+    assert fresh == ["fresh", "40"] + [
+        f"{MISMATCH[f'mismatch_{k}']:.4g}"
+        for k in ("nonfinite", "k1", "k2", "k3", "ratio_min", "ratio_max", "ratio_tail")
+    ]
     assert page.locator("#mismatch-stale td").all_inner_texts()[:2] == ["stale", "0"]
     assert page.locator("#mismatch-stale td").nth(5).inner_text() == "-"  # no stale token: NULL
 
@@ -315,8 +381,13 @@ def test_the_update_page_shows_the_replay_asset_when_there_is_one(viewed, page):
     settings, run_id, base, _ = viewed
     page.goto(f"{base}/runs/{run_id}/updates/0")
     assert page.locator("#replay").inner_text().startswith("not replayed")
-    row = {name: None for name in SCHEMA.names} | {"update_step": 0, "version_before": 0, "exact": True,
-                                                    "loss_recorded": 0.5, "loss_replayed": 0.5}
+    row = {name: None for name in SCHEMA.names} | {
+        "update_step": 0,
+        "version_before": 0,
+        "exact": True,
+        "loss_recorded": 0.5,
+        "loss_replayed": 0.5,
+    }
     path = Path(settings.ledger_uri) / "assets" / "replay" / f"run_id={run_id}" / "data.parquet"
     path.parent.mkdir(parents=True)
     pq.write_table(pa.Table.from_pylist([row], schema=SCHEMA), path)

@@ -59,8 +59,10 @@ SERVER_PYTHON = VLLMServerConfig(model_dir=Path(".")).python
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.timeout(1500),
-    pytest.mark.skipif(not SERVER_PYTHON.exists(), reason=f"no vLLM environment at {SERVER_PYTHON}: `make vllm-env` "
-                       "(`make test` builds it and runs these tests)"),
+    pytest.mark.skipif(
+        not SERVER_PYTHON.exists(),
+        reason=f"no vLLM environment at {SERVER_PYTHON}: `make vllm-env` (`make test` builds it and runs these tests)",
+    ),
 ]
 
 PARITY_MAX = 1e-3
@@ -93,8 +95,11 @@ def served(weights, tmp_path_factory):
     t0 = time.monotonic()
     # AWRL_VLLM_EXTRA_ARGS: what a GPU server needs besides (bench/gpu_check.sh)
     extra = tuple(shlex.split(os.environ.get("AWRL_VLLM_EXTRA_ARGS", "")))
-    stack = LocalStack.up(tmp_path_factory.mktemp("vllm-stack"), durable=False,
-                          vllm=VLLMServerConfig(model_dir=weights[0], extra_args=extra))
+    stack = LocalStack.up(
+        tmp_path_factory.mktemp("vllm-stack"),
+        durable=False,
+        vllm=VLLMServerConfig(model_dir=weights[0], extra_args=extra),
+    )
     print(f"\nstack with vLLM up in {time.monotonic() - t0:.0f} s")
     yield stack
     stack.down()
@@ -116,22 +121,40 @@ def trainer_gap(model_dir: Path, prompt_ids, response_ids, logprobs, images, tem
 
 
 def _obs(seed: int) -> Observation:
-    return Observation(instruction="Open the second product and add it to the cart.",
-                       screenshots=[render_page(f"page {seed}", seed=seed)], screenshot_sha256=["0" * 64],
-                       url="http://127.0.0.1:8000/shop", feedback="", history=[], memory={}, marks=[], som=False,
-                       step=0, horizon=8)
+    return Observation(
+        instruction="Open the second product and add it to the cart.",
+        screenshots=[render_page(f"page {seed}", seed=seed)],
+        screenshot_sha256=["0" * 64],
+        url="http://127.0.0.1:8000/shop",
+        feedback="",
+        history=[],
+        memory={},
+        marks=[],
+        som=False,
+        step=0,
+        horizon=8,
+    )
 
 
 def _policy(stack: LocalStack, model_dir: Path, temperature: float = 1.0, checkpoints=None):
     settings = stack.settings()
-    return make_policy("vllm", {}, model_dir=model_dir, vllm_url=settings.vllm_url, vllm_model=settings.vllm_model,
-                       seed=7, temperature=temperature, checkpoints=checkpoints)
+    return make_policy(
+        "vllm",
+        {},
+        model_dir=model_dir,
+        vllm_url=settings.vllm_url,
+        vllm_model=settings.vllm_model,
+        seed=7,
+        temperature=temperature,
+        checkpoints=checkpoints,
+    )
 
 
 def _act_and_gap(pol, model_dir: Path, obs: Observation, temperature: float = 1.0):
     out = asyncio.run(pol.act(obs))
-    return out, trainer_gap(model_dir, out.prompt_token_ids, out.response_token_ids, out.logprobs,
-                            obs.screenshots, temperature)
+    return out, trainer_gap(
+        model_dir, out.prompt_token_ids, out.response_token_ids, out.logprobs, obs.screenshots, temperature
+    )
 
 
 def test_the_stack_runs_the_server_by_pid(served):
@@ -139,8 +162,12 @@ def test_the_stack_runs_the_server_by_pid(served):
     (server,) = [s for s in served.services if s.name == "vllm"]
     assert server.process_group and served.vllm_url == f"http://127.0.0.1:{server.port}/v1"
     assert f"AWRL_VLLM_URL={served.vllm_url}" in (served.data_dir / "stack.env").read_text()
-    status = subprocess.run([sys.executable, "-m", "app.cli", "stack", "status", "--data-dir", str(served.data_dir)],
-                            capture_output=True, text=True, timeout=60)
+    status = subprocess.run(
+        [sys.executable, "-m", "app.cli", "stack", "status", "--data-dir", str(served.data_dir)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert status.returncode == 0 and "vllm" in status.stdout, status.stdout + status.stderr
 
 
@@ -211,8 +238,9 @@ def test_refreshes_under_load_keep_the_engine_alive_and_every_version_exact(serv
     assert len({out.token_policy_versions[0] for out, _ in outs}) >= 2
     for out, obs in outs:
         (version,) = set(out.token_policy_versions)
-        gap = trainer_gap(v1 if version % 2 else v0, out.prompt_token_ids, out.response_token_ids, out.logprobs,
-                          obs.screenshots, 1.0)
+        gap = trainer_gap(
+            v1 if version % 2 else v0, out.prompt_token_ids, out.response_token_ids, out.logprobs, obs.screenshots, 1.0
+        )
         assert gap.max() < PARITY_MAX, (version, gap.max())
 
 
@@ -221,8 +249,11 @@ def test_a_failed_refresh_says_why_keeps_the_old_version_and_the_engine(served, 
     pol = _policy(served, v0)
     asyncio.run(pol.refresh(1, str(v1)))
     # A path the server could not load never reaches it.
-    with pytest.raises(RuntimeError, match=r"version 2 \(/no/such/checkpoint\) failed before reaching the server, "
-                                           r"which keeps version 1"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"version 2 \(/no/such/checkpoint\) failed before reaching the server, "
+        r"which keeps version 1",
+    ):
         asyncio.run(pol.refresh(2, "/no/such/checkpoint"))
     # A checkpoint that looks whole but is not: vLLM's reload fails half-way (its weights are left on
     # the meta device); the client reloads the last good weights before raising.
@@ -251,8 +282,14 @@ def test_a_refresh_mid_episode_loads_the_s3_checkpoint_through_the_pools_fetch(s
     producer = EventProducer(settings)
     multi = [t for t in sites.tasks("train") if t.horizon >= 6]
     dispatch(producer, run_id, task_stream(multi, seed=3), 1, 2)
-    pool = RolloutPool(settings, {"sites": sites}, pol, PoolConfig(workers=2, run_id=run_id,
-                       consumer_group=f"rollout-{run_id}", episode=EpisodeConfig(max_invalid_streak=None)))
+    pool = RolloutPool(
+        settings,
+        {"sites": sites},
+        pol,
+        PoolConfig(
+            workers=2, run_id=run_id, consumer_group=f"rollout-{run_id}", episode=EpisodeConfig(max_invalid_streak=None)
+        ),
+    )
 
     acted, act = threading.Event(), pol.act
 
@@ -265,15 +302,18 @@ def test_a_refresh_mid_episode_loads_the_s3_checkpoint_through_the_pools_fetch(s
 
     def publish_after_first_steps():
         acted.wait(300)
-        producer.publish_all([PolicyVersionPublished(run_id=run_id, version=1, checkpoint_uri=uri,
-                                                     checkpoint_sha256="0" * 64)])
+        producer.publish_all(
+            [PolicyVersionPublished(run_id=run_id, version=1, checkpoint_uri=uri, checkpoint_sha256="0" * 64)]
+        )
 
     threading.Thread(target=publish_after_first_steps, daemon=True).start()
     asyncio.run(pool.run(max_groups=1))
     producer.close()
     assert pol.version == 1 and Path(pol.weights_dir).is_relative_to(tmp_path / "cache")  # fetched from S3
-    steps = sorted((e for e in read_log(settings, ROLLOUT) if isinstance(e, StepRecorded) and e.run_id == run_id),
-                   key=lambda s: (s.trajectory_id, s.step))
+    steps = sorted(
+        (e for e in read_log(settings, ROLLOUT) if isinstance(e, StepRecorded) and e.run_id == run_id),
+        key=lambda s: (s.trajectory_id, s.step),
+    )
     by_traj: dict[str, list[int]] = {}
     for s in steps:
         by_traj.setdefault(s.trajectory_id, []).extend(s.token_policy_versions)
@@ -281,8 +321,14 @@ def test_a_refresh_mid_episode_loads_the_s3_checkpoint_through_the_pools_fetch(s
     store = ScreenshotStore.from_settings(settings)
     for s in steps:  # every step's log-probs are those of the version its tokens name
         model_dir = v0 if s.token_policy_versions[0] == 0 else v1
-        gap = trainer_gap(model_dir, s.prompt_token_ids, s.response_token_ids, s.behave_logprobs,
-                          [store.get(h) for h in s.prompt_screenshot_sha256], 1.0)
+        gap = trainer_gap(
+            model_dir,
+            s.prompt_token_ids,
+            s.response_token_ids,
+            s.behave_logprobs,
+            [store.get(h) for h in s.prompt_screenshot_sha256],
+            1.0,
+        )
         assert len(set(s.token_policy_versions)) == 1 and gap.max() < PARITY_MAX, (s.step, s.token_policy_versions)
 
 
@@ -306,10 +352,32 @@ def test_awrl_run_with_the_vllm_policy_trains_end_to_end(served, boxes_warm_star
     port = int(served.vllm_url.rsplit(":", 1)[1].split("/")[0])
     stop, running = threading.Event(), []
     threading.Thread(target=_max_running, args=(port, stop, running), daemon=True).start()
-    cmd = [sys.executable, "-m", "app.cli", "run", "--rollout.policy", "vllm", "--rollout.suite", "boxes",
-           "--rollout.model-dir", str(sft), "--minutes", "15", "--rollout.workers", "4", "--rollout.group-size", "4",
-           "--train.groups-per-update", "2", "--train.max-updates", "4", "--data-dir", str(served.data_dir),
-           "--format", "json"]  # budgeted in updates (the 4th trains only tokens of v1 on: eta 2); 15 min a cap
+    cmd = [
+        sys.executable,
+        "-m",
+        "app.cli",
+        "run",
+        "--rollout.policy",
+        "vllm",
+        "--rollout.suite",
+        "boxes",
+        "--rollout.model-dir",
+        str(sft),
+        "--minutes",
+        "15",
+        "--rollout.workers",
+        "4",
+        "--rollout.group-size",
+        "4",
+        "--train.groups-per-update",
+        "2",
+        "--train.max-updates",
+        "4",
+        "--data-dir",
+        str(served.data_dir),
+        "--format",
+        "json",
+    ]  # budgeted in updates (the 4th trains only tokens of v1 on: eta 2); 15 min a cap
     # Not in the checkout: `awrl run` writes `./.env`, which `dagster dev` (run from the checkout by the
     # Dagster UI tests) loads over its own environment, pointing it at this stack after it is gone.
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=1200, cwd=tmp_path)
@@ -324,15 +392,26 @@ def test_awrl_run_with_the_vllm_policy_trains_end_to_end(served, boxes_warm_star
     versions = read_events(settings, run_id, "StepRecorded", ["policy_version"]).column("policy_version").to_pylist()
     assert max(versions) >= 1, "no step was sampled by a reloaded version"
     # a step of a reloaded version carries that version's log-probs (scored from its S3 checkpoint)
-    step = next(e for e in read_log(settings, ROLLOUT) if isinstance(e, StepRecorded) and e.run_id == run_id
-                and e.policy_version >= 1)
+    step = next(
+        e
+        for e in read_log(settings, ROLLOUT)
+        if isinstance(e, StepRecorded) and e.run_id == run_id and e.policy_version >= 1
+    )
     uri = {p["version"]: p["checkpoint_uri"] for p in published}[step.policy_version]
     images = [ScreenshotStore.from_settings(settings).get(h) for h in step.prompt_screenshot_sha256]
-    gap = trainer_gap(CheckpointStore.from_settings(settings, cache_dir=tmp_path / "c").download(uri),
-                      step.prompt_token_ids, step.response_token_ids, step.behave_logprobs, images, 1.0)
+    gap = trainer_gap(
+        CheckpointStore.from_settings(settings, cache_dir=tmp_path / "c").download(uri),
+        step.prompt_token_ids,
+        step.response_token_ids,
+        step.behave_logprobs,
+        images,
+        1.0,
+    )
     assert gap.max() < PARITY_MAX
-    print(f"\nawrl run --policy vllm: {len(published) - 1} versions, {len(versions)} steps, "
-          f"max {max(running):.0f} requests in one batch")
+    print(
+        f"\nawrl run --policy vllm: {len(published) - 1} versions, {len(versions)} steps, "
+        f"max {max(running):.0f} requests in one batch"
+    )
 
 
 def test_down_stops_the_server_and_its_engine(served):
@@ -340,5 +419,6 @@ def test_down_stops_the_server_and_its_engine(served):
     group = [server.pid, *(c.pid for c in psutil.Process(server.pid).children(recursive=True))]
     assert len(group) >= 2  # the API server and its engine core
     served.down()
-    assert not pid_alive(server) and not any(psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"
-                                             for p in group)
+    assert not pid_alive(server) and not any(
+        psutil.pid_exists(p) and psutil.Process(p).status() != "zombie" for p in group
+    )

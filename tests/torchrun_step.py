@@ -36,26 +36,38 @@ with open(sys.argv[1], "rb") as f:
     samples, trajectories, images, state, config, steps, demonstrations = pickle.load(f)
 model, tokenizer, image_processor = load_policy(ensure_policy())
 model.load_state_dict(state)
-model = shard_model(model.to(device).train(), init_device_mesh(device.type, (world,)), bf16=cuda and config.bf16,
-                    activation_checkpointing=config.activation_checkpointing)
+model = shard_model(
+    model.to(device).train(),
+    init_device_mesh(device.type, (world,)),
+    bf16=cuda and config.bf16,
+    activation_checkpointing=config.activation_checkpointing,
+)
 optimizer = FSDPOptimizer(model, config.lr, config.weight_decay)
 scorer = Scorer(model, tokenizer, image_processor, suppressed_token_ids(tokenizer), images.__getitem__)
 out = []
 for update_step in range(steps):
     reset_peak_memory(device)
     anchor = draw_anchor(demonstrations, config, update_step, [rank], world)
-    step = optimizer_step(scorer, optimizer, config, update_step, [shard(samples, rank, world)], trajectories, 0, None,
-                          anchor=anchor)
+    step = optimizer_step(
+        scorer, optimizer, config, update_step, [shard(samples, rank, world)], trajectories, 0, None, anchor=anchor
+    )
     gathered = [None] * world if rank == 0 else None
     memory = {**asdict(state_bytes(model, optimizer.optimizer)), "peak_bytes": peak_memory(device)}
     dist.gather_object((step.scored, memory, shard_sha256(model), step.anchor_nll), gathered, dst=0)
     weights = {k: v.clone() for k, v in full_state_dict(model).items()}  # one CPU process: live tensors
     if rank == 0:
         loss, _ = combine(interleave([s for s, _, _, _ in gathered]))
-        out.append({"loss": loss, "grad_norm": step.grad_norm, "weights": weights,
-                    "digest": combined_sha256([d for _, _, d, _ in gathered]),
-                    "memory": [m for _, m, _, _ in gathered], "scored": len(interleave([s for s, _, _, _ in gathered])),
-                    "anchor_nll": interleave([a for _, _, _, a in gathered])})
+        out.append(
+            {
+                "loss": loss,
+                "grad_norm": step.grad_norm,
+                "weights": weights,
+                "digest": combined_sha256([d for _, _, d, _ in gathered]),
+                "memory": [m for _, m, _, _ in gathered],
+                "scored": len(interleave([s for s, _, _, _ in gathered])),
+                "anchor_nll": interleave([a for _, _, _, a in gathered]),
+            }
+        )
 if rank == 0:
     torch.save(out, sys.argv[2])
 dist.destroy_process_group()

@@ -47,8 +47,9 @@ writer, announced, snapshots = VersionWriter(store, run_id), {}, {}
 for version in (1, 2):
     step(model, optimizer)
     snapshots[version] = {k: v.clone() for k, v in full_state_dict(model).items()}
-    writer.store(version, model, optimizer,
-                 (lambda v=version: announced.__setitem__(v, stored_files(v))) if rank == 0 else None)
+    writer.store(
+        version, model, optimizer, (lambda v=version: announced.__setitem__(v, stored_files(v))) if rank == 0 else None
+    )
     with torch.no_grad():  # the next update changes the live weights while the version uploads
         for p in model.parameters():
             p.add_(1.0)
@@ -61,6 +62,14 @@ for version in (1, 2):
     assert load_sharded(store, run_id, version, fresh, fresh_optimizer)
     restored[version] = full_state_dict(fresh)
 if rank == 0:
-    torch.save({"snapshots": snapshots, "restored": restored, "after": after, "announced": announced,
-                "durable": writer.durable}, sys.argv[2])
+    torch.save(
+        {
+            "snapshots": snapshots,
+            "restored": restored,
+            "after": after,
+            "announced": announced,
+            "durable": writer.durable,
+        },
+        sys.argv[2],
+    )
 dist.destroy_process_group()

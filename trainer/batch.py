@@ -66,8 +66,9 @@ class TrainGroup:
 
     def behaviour_versions(self) -> list[int]:
         """The version of every response token (the step's version for token-less steps)."""
-        return [v for steps in self.trajectories for s in steps
-                for v in (s.token_policy_versions or [s.policy_version])]
+        return [
+            v for steps in self.trajectories for s in steps for v in (s.token_policy_versions or [s.policy_version])
+        ]
 
     @property
     def has_tokens(self) -> bool:
@@ -100,8 +101,9 @@ class _Pending:
     def whole(self) -> bool:
         """The announcement has come, and so has every step it names."""
         c = self.completed
-        return c is not None and all(set(range(n)) <= self.steps.get(t, {}).keys()
-                                     for t, n in zip(c.trajectory_ids, c.num_steps))
+        return c is not None and all(
+            set(range(n)) <= self.steps.get(t, {}).keys() for t, n in zip(c.trajectory_ids, c.num_steps)
+        )
 
 
 class GroupAssembler:
@@ -176,8 +178,7 @@ class BuilderStats:
 class BatchBuilder:
     """Kafka consumer of one run's rollout events; `next_batch` blocks until a full batch is admissible."""
 
-    def __init__(self, settings: StackSettings, config: TrainConfig, producer: EventProducer,
-                 skip: Iterable[str] = ()):
+    def __init__(self, settings: StackSettings, config: TrainConfig, producer: EventProducer, skip: Iterable[str] = ()):
         self.config, self.producer = config, producer
         self.consumer = EventConsumer(settings, config.group_id, [ROLLOUT], producer, client_id="trainer")
         self.store = ScreenshotStore.from_settings(settings)
@@ -259,10 +260,15 @@ class BatchBuilder:
         steps = [s for t in group.trajectories for s in t]
         rewards = group.completed.rewards
         event = GroupDropped(
-            run_id=self.config.run_id, group_id=group.group_id, task_id=group.completed.task_id, reason=reason,
-            trainer_version=version, min_policy_version=min(group.behaviour_versions(), default=0),
+            run_id=self.config.run_id,
+            group_id=group.group_id,
+            task_id=group.completed.task_id,
+            reason=reason,
+            trainer_version=version,
+            min_policy_version=min(group.behaviour_versions(), default=0),
             mean_reward=sum(rewards) / max(len(rewards), 1),
-            invalid_share=sum(s.error_class == "invalid_action" for s in steps) / max(len(steps), 1))
+            invalid_share=sum(s.error_class == "invalid_action" for s in steps) / max(len(steps), 1),
+        )
         self.producer.publish(event)
         self.stats.dropped[reason] += 1
         self.starvation.add(event)
@@ -272,9 +278,11 @@ class BatchBuilder:
 
     def describe(self) -> str:
         s = self.stats
-        return (f"{len(self.ready)} groups ready, {s.groups_trained} trained, dropped {dict(s.dropped)}, "
-                f"{self.assembler.repeated} seen before, {len(self.assembler.waiting())} waiting for a step, "
-                f"{len(self.consumer.assignment())} partitions assigned")
+        return (
+            f"{len(self.ready)} groups ready, {s.groups_trained} trained, dropped {dict(s.dropped)}, "
+            f"{self.assembler.repeated} seen before, {len(self.assembler.waiting())} waiting for a step, "
+            f"{len(self.consumer.assignment())} partitions assigned"
+        )
 
     def trained(self, batch: list[TrainGroup]) -> None:
         """The batch's update is published: its groups no longer hold back the commit."""

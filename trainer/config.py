@@ -33,8 +33,10 @@ class AnchorConfig(BaseModel):
     @model_validator(mode="after")
     def _needs_demonstrations(self) -> AnchorConfig:
         if self.coef > 0 and not self.run_ids:
-            raise ValueError(f"anchor.coef = {self.coef} > 0 needs anchor.run_ids: the runs whose successful "
-                             "trajectories are the demonstrations (e.g. the warm start's `<run>-demos`)")
+            raise ValueError(
+                f"anchor.coef = {self.coef} > 0 needs anchor.run_ids: the runs whose successful "
+                "trajectories are the demonstrations (e.g. the warm start's `<run>-demos`)"
+            )
         return self
 
 
@@ -127,7 +129,8 @@ class TrainConfig(BaseModel):
         """The learning rate of optimizer step `update_step` (0-based, counted over the whole run)."""
         scale = min(1.0, (update_step + 1) / self.warmup_updates) if self.warmup_updates else 1.0
         if self.decay_updates is not None:
-            done = min(1.0, max(0, update_step - self.warmup_updates)
-                       / max(1, self.decay_updates - self.warmup_updates))
+            done = min(
+                1.0, max(0, update_step - self.warmup_updates) / max(1, self.decay_updates - self.warmup_updates)
+            )
             scale *= 1.0 - (1.0 - self.min_lr_ratio) * done
         return self.lr * scale

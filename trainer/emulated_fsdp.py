@@ -24,11 +24,13 @@ class EmulatedFSDP:
         self.model, self.world = model, world
         self.params = dict(model.named_parameters())
         # views into the model's own storage: each rank's AdamW updates its slice of the weights in place
-        self.slices = {name: [torch.nn.Parameter(c) for c in chunks(p.detach(), world)]
-                       for name, p in self.params.items()}
-        self.optimizers = [torch.optim.AdamW([s[r] for s in self.slices.values()], lr=lr, weight_decay=weight_decay,
-                                             eps=eps)
-                           for r in range(world)]
+        self.slices = {
+            name: [torch.nn.Parameter(c) for c in chunks(p.detach(), world)] for name, p in self.params.items()
+        }
+        self.optimizers = [
+            torch.optim.AdamW([s[r] for s in self.slices.values()], lr=lr, weight_decay=weight_decay, eps=eps)
+            for r in range(world)
+        ]
         self.param_groups = [g for o in self.optimizers for g in o.param_groups]
         self._rank, self._micro, self._grad = 0, None, None
 
@@ -37,7 +39,8 @@ class EmulatedFSDP:
         for name, entry in state.items():
             for r, opt in enumerate(self.optimizers):
                 opt.state[self.slices[name][r]] = {
-                    k: chunks(v, self.world)[r].clone() if v.dim() else v.clone() for k, v in entry.items()}
+                    k: chunks(v, self.world)[r].clone() if v.dim() else v.clone() for k, v in entry.items()
+                }
 
     def zero_grad(self) -> None:
         self._rank, self._micro, self._grad = 0, None, None
@@ -64,8 +67,12 @@ class EmulatedFSDP:
 
     def sha256(self) -> str:
         """The digest `world` ranks would record for these weights: each rank's slices hashed, combined."""
-        return combined_sha256([weights_sha256({n: chunks(p.detach(), self.world)[r] for n, p in self.params.items()})
-                                for r in range(self.world)])
+        return combined_sha256(
+            [
+                weights_sha256({n: chunks(p.detach(), self.world)[r] for n, p in self.params.items()})
+                for r in range(self.world)
+            ]
+        )
 
     def clip_and_step(self, max_norm: float) -> float:
         """Unused parameters (no gradient on any rank) are left alone, as AdamW leaves them under FSDP2."""

@@ -42,14 +42,25 @@ def torchrun_command(config: TrainConfig, config_path: Path, nproc: int, nodes: 
     if nodes.nnodes == 1:
         where = ["--standalone"]
     else:
-        where = [f"--nnodes={nodes.nnodes}", f"--node-rank={nodes.node_rank}", "--rdzv-backend=c10d",
-                 f"--rdzv-endpoint={nodes.rdzv_endpoint}", f"--rdzv-id={config.run_id}"]
+        where = [
+            f"--nnodes={nodes.nnodes}",
+            f"--node-rank={nodes.node_rank}",
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint={nodes.rdzv_endpoint}",
+            f"--rdzv-id={config.run_id}",
+        ]
     rank = dies_with_parent([sys.executable, "-m", "trainer.train", "--config", str(config_path)])
     return [sys.executable, "-m", "torch.distributed.run", *where, f"--nproc_per_node={nproc}", "--no-python", *rank]
 
 
-def start(config: TrainConfig, nproc: int = 1, env: dict[str, str] | None = None,
-          log: IO | None = None, cpus: str | None = None, nodes: Nodes = Nodes()) -> subprocess.Popen:
+def start(
+    config: TrainConfig,
+    nproc: int = 1,
+    env: dict[str, str] | None = None,
+    log: IO | None = None,
+    cpus: str | None = None,
+    nodes: Nodes = Nodes(),
+) -> subprocess.Popen:
     """Start the trainer in `nproc` processes, a child of this process (`start_child`; stop it with
     `stop_child`: nothing is lost, a restarted trainer resumes from the last published version). `cpus`:
     run them on these cores only (`taskset -c`, e.g. "1"), as when rollout and training each get

@@ -56,15 +56,38 @@ def demonstrations(settings: StackSettings, run_ids: list[str]) -> list[StepSamp
     for run_id in run_ids:
         groups = read_events(settings, run_id, "GroupCompleted", ["trajectory_ids", "outcomes"]).to_pylist()
         won = {t for g in groups for t, o in zip(g["trajectory_ids"], g["outcomes"]) if o == "success"}
-        steps = read_events(settings, run_id, "StepRecorded", [
-            "trajectory_id", "step", "prompt_token_ids", "response_token_ids", "prompt_screenshot_sha256",
-            "behave_logprobs", "token_policy_versions"]).to_pylist()
-        steps = sorted((s for s in steps if s["trajectory_id"] in won and s["response_token_ids"]),
-                       key=lambda s: (s["trajectory_id"], s["step"]))
+        steps = read_events(
+            settings,
+            run_id,
+            "StepRecorded",
+            [
+                "trajectory_id",
+                "step",
+                "prompt_token_ids",
+                "response_token_ids",
+                "prompt_screenshot_sha256",
+                "behave_logprobs",
+                "token_policy_versions",
+            ],
+        ).to_pylist()
+        steps = sorted(
+            (s for s in steps if s["trajectory_id"] in won and s["response_token_ids"]),
+            key=lambda s: (s["trajectory_id"], s["step"]),
+        )
         lengths = {t: sum(s["trajectory_id"] == t for s in steps) for t in won}
-        samples += [StepSample(s["prompt_token_ids"], s["response_token_ids"], s["prompt_screenshot_sha256"],
-                               s["behave_logprobs"], s["token_policy_versions"], 1.0, lengths[s["trajectory_id"]], True)
-                    for s in steps]
+        samples += [
+            StepSample(
+                s["prompt_token_ids"],
+                s["response_token_ids"],
+                s["prompt_screenshot_sha256"],
+                s["behave_logprobs"],
+                s["token_policy_versions"],
+                1.0,
+                lengths[s["trajectory_id"]],
+                True,
+            )
+            for s in steps
+        ]
     return samples
 
 
@@ -77,18 +100,21 @@ class SFTResult:
     """Mean token NLL of each optimizer step."""
 
 
-def train_sft(settings: StackSettings, config: SFTConfig, on_step: Callable[[int, int, float], None] | None = None
-              ) -> SFTResult:
+def train_sft(
+    settings: StackSettings, config: SFTConfig, on_step: Callable[[int, int, float], None] | None = None
+) -> SFTResult:
     """Clone the demonstrations; `on_step(step, total, loss)` reports progress."""
     torch.manual_seed(config.seed)
     samples = demonstrations(settings, config.run_ids)
     if not samples:
-        raise ValueError(f"no successful demonstration steps with tokens in runs {config.run_ids} "
-                         "(is the ledger synced?)")
+        raise ValueError(
+            f"no successful demonstration steps with tokens in runs {config.run_ids} (is the ledger synced?)"
+        )
     model, tokenizer, processor = load_policy(ensure_policy(config.model_dir))
     model.train()
-    scorer = Scorer(model, tokenizer, processor, suppressed_token_ids(tokenizer),
-                    ScreenshotStore.from_settings(settings).get)
+    scorer = Scorer(
+        model, tokenizer, processor, suppressed_token_ids(tokenizer), ScreenshotStore.from_settings(settings).get
+    )
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr)
     rng = random.Random(config.seed)
     result = SFTResult(config.out_dir, len(samples))
@@ -96,7 +122,7 @@ def train_sft(settings: StackSettings, config: SFTConfig, on_step: Callable[[int
     for _ in range(config.epochs):
         order = rng.sample(samples, len(samples))
         for i in range(0, len(order), config.batch_steps):
-            batch = order[i:i + config.batch_steps]
+            batch = order[i : i + config.batch_steps]
             tokens = sum(len(s.response_token_ids) for s in batch)
             optimizer.zero_grad()
             nll = 0.0

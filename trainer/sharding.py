@@ -35,21 +35,26 @@ from model.hf_io import load_shards, materialize, policy_on_meta
 from pipeline.hashing import weights_sha256
 
 
-def shard_model(model: torch.nn.Module, mesh: DeviceMesh, bf16: bool = False,
-                activation_checkpointing: bool = False) -> torch.nn.Module:
+def shard_model(
+    model: torch.nn.Module, mesh: DeviceMesh, bf16: bool = False, activation_checkpointing: bool = False
+) -> torch.nn.Module:
     """`fully_shard` a Qwen-VL policy in place: each vision block, each decoder block, the token
     embedding and the LM head (at 8B each is 3x a decoder block: kept whole in the root they would stay
     gathered through the whole forward), then the root (patch embedding, mergers, norms).
     `bf16`: bf16 parameters in forward and backward, fp32 gradient reduction and master weights."""
     if activation_checkpointing:  # HF's own hook: no wrapper module, so parameter names stay the HF ones
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    mp = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16
-          else MixedPrecisionPolicy())
+    mp = (
+        MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else MixedPrecisionPolicy()
+    )
     text = model.model.language_model
     # A tied LM head (2B, 4B) is the embedding's own weight: both modules in one group, so it is one
     # sharded parameter, gathered once for the forward
-    heads = ([[text.embed_tokens, model.lm_head]] if model.lm_head.weight is text.embed_tokens.weight
-             else [text.embed_tokens, model.lm_head])
+    heads = (
+        [[text.embed_tokens, model.lm_head]]
+        if model.lm_head.weight is text.embed_tokens.weight
+        else [text.embed_tokens, model.lm_head]
+    )
     for block in [*model.model.visual.blocks, *text.layers, *heads]:
         fully_shard(block, mesh=mesh, mp_policy=mp)
     fully_shard(model, mesh=mesh, mp_policy=mp)
@@ -60,9 +65,15 @@ def shard_model(model: torch.nn.Module, mesh: DeviceMesh, bf16: bool = False,
     return model
 
 
-def sharded_policy(model_dir, mesh: DeviceMesh, device: torch.device, bf16: bool = False,
-                   activation_checkpointing: bool = False, weights: bool = True, frozen: bool = False
-                   ) -> torch.nn.Module:
+def sharded_policy(
+    model_dir,
+    mesh: DeviceMesh,
+    device: torch.device,
+    bf16: bool = False,
+    activation_checkpointing: bool = False,
+    weights: bool = True,
+    frozen: bool = False,
+) -> torch.nn.Module:
     """The directory's policy, sharded, without any rank holding it whole: built on the meta device,
     sharded, allocated (only this rank's slices) and, with `weights`, filled with this rank's rows of
     the directory's safetensors. `weights=False` leaves the slices for a DCP load to fill (resume).
@@ -157,9 +168,11 @@ class StateBytes:
 def state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> StateBytes:
     params = list(model.parameters())
     moments = [v for s in optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
-    return StateBytes(sum(local(p).nbytes for p in params),
-                      sum(local(p.grad).nbytes for p in params if p.grad is not None),
-                      sum(local(m).nbytes for m in moments))
+    return StateBytes(
+        sum(local(p).nbytes for p in params),
+        sum(local(p.grad).nbytes for p in params if p.grad is not None),
+        sum(local(m).nbytes for m in moments),
+    )
 
 
 def reset_peak_memory(device: torch.device) -> None:

@@ -58,6 +58,8 @@ class Starvation:
         return "mixed"
 
     def message(self) -> str:
-        return (f"starving: the last {self.groups} groups were all dropped as uninformative ({self.cause}: "
-                f"{self.failed} all failed, {self.succeeded} all succeeded, "
-                f"{self.invalid_share:.0%} of their actions invalid)")
+        return (
+            f"starving: the last {self.groups} groups were all dropped as uninformative ({self.cause}: "
+            f"{self.failed} all failed, {self.succeeded} all succeeded, "
+            f"{self.invalid_share:.0%} of their actions invalid)"
+        )

@@ -38,8 +38,9 @@ def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 
-def load_sharded(store: CheckpointStore, run_id: str, version: int, model: torch.nn.Module,
-                 optimizer: torch.optim.Optimizer) -> bool:
+def load_sharded(
+    store: CheckpointStore, run_id: str, version: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer
+) -> bool:
     """Restore parameters and optimizer state of `version` into the sharded model; False if it has none."""
     with tempfile.TemporaryDirectory(prefix="awrl-dcp-") as tmp:
         if store.get_state_dir(run_id, version, FOLDER, Path(tmp)) is None:

@@ -130,8 +130,9 @@ def main(argv: list[str] | None = None) -> None:
         batch = box[0]
         if batch is None:
             if t.leader:
-                log.info("no batch for %ss at v%d; stopping (%s)", config.batch_timeout_s, t.version,
-                         t.builder.describe())
+                log.info(
+                    "no batch for %ss at v%d; stopping (%s)", config.batch_timeout_s, t.version, t.builder.describe()
+                )
             break
         updates = _train_batch(t, batch, time.perf_counter() - t_wait)
         t.version += 1
@@ -139,8 +140,15 @@ def main(argv: list[str] | None = None) -> None:
         if t.leader:
             t.unannounced.append((t.version, batch))
             _commit(t)
-            log.info("v%d loss %+.4f groups %d dropped %s wait %.1fs compute %.1fs", t.version, updates[-1].loss,
-                     len(batch), dict(t.builder.stats.dropped), updates[0].wait_s, sum(u.compute_s for u in updates))
+            log.info(
+                "v%d loss %+.4f groups %d dropped %s wait %.1fs compute %.1fs",
+                t.version,
+                updates[-1].loss,
+                len(batch),
+                dict(t.builder.stats.dropped),
+                updates[0].wait_s,
+                sum(u.compute_s for u in updates),
+            )
     t.writer.close()
     if t.leader:
         _commit(t)
@@ -179,8 +187,15 @@ def _start(config: TrainConfig, settings: StackSettings, device: torch.device) -
 
     def sharded(directory: Path, load: bool = True, frozen: bool = False) -> torch.nn.Module:
         """Built on the meta device, sharded, then only this rank's rows read: no rank holds the whole model."""
-        return sharded_policy(directory, mesh, device, bf16=device.type == "cuda" and config.bf16,
-                              activation_checkpointing=config.activation_checkpointing, weights=load, frozen=frozen)
+        return sharded_policy(
+            directory,
+            mesh,
+            device,
+            bf16=device.type == "cuda" and config.bf16,
+            activation_checkpointing=config.activation_checkpointing,
+            weights=load,
+            frozen=frozen,
+        )
 
     base = ensure_policy(config.model_dir)  # the tokenizer and image processor, which no update changes
     model = sharded(weights(latest) if not resumed else base, load=not resumed)
@@ -188,15 +203,30 @@ def _start(config: TrainConfig, settings: StackSettings, device: torch.device) -
     if resumed and not load_sharded(checkpoints, config.run_id, latest.version, model, optimizer.optimizer):
         load_shards(model, weights(latest))  # a version stored without its trainer state: weights only
     tokenizer = load_tokenizer(base)
-    scorer = Scorer(model, tokenizer, load_image_processor(base), suppressed_token_ids(tokenizer),
-                    ScreenshotStore.from_settings(settings).get)
+    scorer = Scorer(
+        model,
+        tokenizer,
+        load_image_processor(base),
+        suppressed_token_ids(tokenizer),
+        ScreenshotStore.from_settings(settings).get,
+    )
     reference = None
     if config.kl_coef:  # pi_ref: version 0, frozen, sharded like the policy
         reference = replace(scorer, model=sharded(weights(first), frozen=True))
-    t = _Trainer(config, settings, rank, world, scorer, reference, optimizer, checkpoints,
-                 VersionWriter(checkpoints, config.run_id), version=latest.version if latest else 0,
-                 update_step=latest.update_step + 1 if latest and latest.update_step is not None else 0,
-                 demonstrations=_demonstrations(config, settings, rank))
+    t = _Trainer(
+        config,
+        settings,
+        rank,
+        world,
+        scorer,
+        reference,
+        optimizer,
+        checkpoints,
+        VersionWriter(checkpoints, config.run_id),
+        version=latest.version if latest else 0,
+        update_step=latest.update_step + 1 if latest and latest.update_step is not None else 0,
+        demonstrations=_demonstrations(config, settings, rank),
+    )
     if t.leader:
         create_topics(settings)
         t.producer = EventProducer(settings, client_id=TRAINER_CLIENT)
@@ -215,8 +245,10 @@ def _demonstrations(config: TrainConfig, settings: StackSettings, rank: int) -> 
     box = [demonstrations(settings, list(config.anchor.run_ids)) if rank == 0 else None]
     dist.broadcast_object_list(box, src=0)
     if not box[0]:
-        raise ValueError(f"anchor.coef > 0 but runs {list(config.anchor.run_ids)} hold no successful demonstration "
-                         "steps with tokens in the ledger (is it synced?)")
+        raise ValueError(
+            f"anchor.coef > 0 but runs {list(config.anchor.run_ids)} hold no successful demonstration "
+            "steps with tokens in the ledger (is it synced?)"
+        )
     if rank == 0:
         log.info("anchor: %d demonstration steps from %s", len(box[0]), list(config.anchor.run_ids))
     return box[0]
@@ -226,7 +258,7 @@ def _train_batch(t: _Trainer, batch: list, wait_s: float) -> list[UpdateApplied]
     """The batch's optimizer steps (`ppo_epochs` passes over `minibatches`, or fewer if approx_kl passes
     `target_kl`); on rank 0, one `UpdateApplied` per step."""
     config = t.config
-    minibatches = [batch[m::config.minibatches] for m in range(config.minibatches)]
+    minibatches = [batch[m :: config.minibatches] for m in range(config.minibatches)]
     flat = [flatten(mb) for mb in minibatches]
     mine = [shard(samples, t.rank, t.world) for samples, _ in flat]
     plan = [m for _ in range(config.ppo_epochs) for m in range(config.minibatches)]  # optimizer steps
@@ -238,13 +270,28 @@ def _train_batch(t: _Trainer, batch: list, wait_s: float) -> list[UpdateApplied]
         t0 = time.perf_counter()
         reset_peak_memory(device)
         anchor = draw_anchor(t.demonstrations, config, t.update_step, [t.rank], t.world)
-        step = optimizer_step(t.scorer, t.optimizer, config, t.update_step, [mine[m]], flat[m][1], t.version,
-                              [proximal[m]] if proximal else None, [reference[m]] if reference else None, anchor)
+        step = optimizer_step(
+            t.scorer,
+            t.optimizer,
+            config,
+            t.update_step,
+            [mine[m]],
+            flat[m][1],
+            t.version,
+            [proximal[m]] if proximal else None,
+            [reference[m]] if reference else None,
+            anchor,
+        )
         time.sleep(config.slow_s)
-        memory = RankMemory(rank=t.rank, **vars(state_bytes(t.scorer.model, t.optimizer.optimizer)),
-                            peak_bytes=peak_memory(device), device=device.type)
-        loss, stats, memories, digest = _gather_stats(step.scored, step.anchor_nll, memory,
-                                                      shard_sha256(t.scorer.model), config, t.leader)
+        memory = RankMemory(
+            rank=t.rank,
+            **vars(state_bytes(t.scorer.model, t.optimizer.optimizer)),
+            peak_bytes=peak_memory(device),
+            device=device.type,
+        )
+        loss, stats, memories, digest = _gather_stats(
+            step.scored, step.anchor_nll, memory, shard_sha256(t.scorer.model), config, t.leader
+        )
         compute_s = time.perf_counter() - t0
         # pi_theta has moved away from pi_prox by this step's approx_kl: past the target, stop the batch
         stop = [t.leader and config.target_kl is not None and stats.get("approx_kl", 0.0) > config.target_kl]
@@ -253,20 +300,36 @@ def _train_batch(t: _Trainer, batch: list, wait_s: float) -> list[UpdateApplied]
         last = stop[0] or i == len(plan) - 1
         if t.leader:
             # threads: replay needs the same intra-op thread count to reproduce the update bit for bit
-            stats.update(groups_dropped=float(sum(t.builder.stats.dropped.values())), world_size=float(t.world),
-                         threads=float(torch.get_num_threads()), lr=step.lr, epoch=float(i // config.minibatches))
+            stats.update(
+                groups_dropped=float(sum(t.builder.stats.dropped.values())),
+                world_size=float(t.world),
+                threads=float(torch.get_num_threads()),
+                lr=step.lr,
+                epoch=float(i // config.minibatches),
+            )
             if t.demonstrations:  # replay checks that the ledger still holds as many
                 stats["anchor_demonstrations"] = float(len(t.demonstrations))
             first_wait = wait_s if i == 0 else 0.0
-            updates.append(UpdateApplied(
-                run_id=config.run_id, update_step=t.update_step, version_before=t.version,
-                version_after=t.version + 1 if last else t.version,
-                group_ids=[g.group_id for g in minibatches[m]],
-                trajectory_ids=[tid for g in minibatches[m] for tid in g.completed.trajectory_ids],
-                loss=loss, grad_norm=step.grad_norm, stats=stats, config_json=config.model_dump_json(),
-                weights_sha256=digest, duration_s=first_wait + compute_s,
-                wait_s=first_wait, compute_s=compute_s, world_size=t.world, memory=memories,
-            ))
+            updates.append(
+                UpdateApplied(
+                    run_id=config.run_id,
+                    update_step=t.update_step,
+                    version_before=t.version,
+                    version_after=t.version + 1 if last else t.version,
+                    group_ids=[g.group_id for g in minibatches[m]],
+                    trajectory_ids=[tid for g in minibatches[m] for tid in g.completed.trajectory_ids],
+                    loss=loss,
+                    grad_norm=step.grad_norm,
+                    stats=stats,
+                    config_json=config.model_dump_json(),
+                    weights_sha256=digest,
+                    duration_s=first_wait + compute_s,
+                    wait_s=first_wait,
+                    compute_s=compute_s,
+                    world_size=t.world,
+                    memory=memories,
+                )
+            )
         t.update_step += 1
         health.beat()  # a long update polls nothing, yet the trainer is alive
         if last:
@@ -274,24 +337,30 @@ def _train_batch(t: _Trainer, batch: list, wait_s: float) -> list[UpdateApplied]
     return updates
 
 
-def _resume_state(settings: StackSettings, run_id: str
-                  ) -> tuple[PolicyVersionPublished | None, PolicyVersionPublished | None, set[str]]:
+def _resume_state(
+    settings: StackSettings, run_id: str
+) -> tuple[PolicyVersionPublished | None, PolicyVersionPublished | None, set[str]]:
     """The run's newest and first published versions and the groups already trained or dropped, from
     everything the trainer sent (`pipeline.history`): after a broker lost its log, the log alone would
     resume from version 0 and publish its numbers again."""
     create_topics(settings)
-    events = sent_events(settings, run_id, TRAINER, (PolicyVersionPublished, UpdateApplied, GroupDropped),
-                         client_id=TRAINER_CLIENT)
+    events = sent_events(
+        settings, run_id, TRAINER, (PolicyVersionPublished, UpdateApplied, GroupDropped), client_id=TRAINER_CLIENT
+    )
     published = [e for e in events if isinstance(e, PolicyVersionPublished)]
     committed_updates = {u for p in published for u in p.update_ids}
     skip = {g for e in events if isinstance(e, UpdateApplied) and e.event_id in committed_updates for g in e.group_ids}
     skip |= {e.group_id for e in events if isinstance(e, GroupDropped)}
-    return (max(published, key=lambda e: e.version, default=None),
-            min(published, key=lambda e: e.version, default=None), skip)
+    return (
+        max(published, key=lambda e: e.version, default=None),
+        min(published, key=lambda e: e.version, default=None),
+        skip,
+    )
 
 
-def _gather_stats(scored: list[Scored], anchor_nll: list[float], memory: RankMemory, digest: str, config: TrainConfig,
-                  leader: bool) -> tuple[float, dict, list[RankMemory], str]:
+def _gather_stats(
+    scored: list[Scored], anchor_nll: list[float], memory: RankMemory, digest: str, config: TrainConfig, leader: bool
+) -> tuple[float, dict, list[RankMemory], str]:
     """On rank 0: the batch loss and statistics over every rank's samples (and demonstration steps,
     `anchor_nll`), merged in the 1-process order (so they equal a 1-process update's), each rank's
     memory, and the weights' digest from every rank's digest of its shards (the weights stay sharded)."""
@@ -322,9 +391,13 @@ def _publish(t: _Trainer, updates: list[UpdateApplied]) -> None:
     announce = None
     if t.leader:
         # written and hashed now: with one process `weights` are the live parameters
-        directory = save_policy(t.scorer.model, t.scorer.tokenizer,
-                                Path(tempfile.mkdtemp(prefix="awrl-ckpt-")) / f"v{version}",
-                                image_processor=t.scorer.image_processor, state_dict=weights)
+        directory = save_policy(
+            t.scorer.model,
+            t.scorer.tokenizer,
+            Path(tempfile.mkdtemp(prefix="awrl-ckpt-")) / f"v{version}",
+            image_processor=t.scorer.image_processor,
+            state_dict=weights,
+        )
         stored = stored_weights(t.scorer.model, weights)
         sha256 = weights_sha256(stored)
         # beside the upload: the sampler holds them until this version's event names this digest
@@ -334,21 +407,27 @@ def _publish(t: _Trainer, updates: list[UpdateApplied]) -> None:
             try:
                 # A full or unreachable store pauses here (and so the pool, at the staleness bound)
                 # instead of killing the trainer; an upload is idempotent, so a retry starts over.
-                uri = patiently(lambda: t.checkpoints.upload(directory, config.run_id, version),
-                                f"storing checkpoint v{version}")
+                uri = patiently(
+                    lambda: t.checkpoints.upload(directory, config.run_id, version), f"storing checkpoint v{version}"
+                )
             finally:
                 shutil.rmtree(directory.parent, ignore_errors=True)
             published = PolicyVersionPublished(
-                run_id=config.run_id, version=version, checkpoint_uri=uri, checkpoint_sha256=sha256,
+                run_id=config.run_id,
+                version=version,
+                checkpoint_uri=uri,
+                checkpoint_sha256=sha256,
                 update_step=updates[-1].update_step if updates else None,
                 parent_version=version - 1 if updates else None,
-                update_ids=[u.event_id for u in updates], publish_s=time.perf_counter() - t0, push_s=push_s,
+                update_ids=[u.event_id for u in updates],
+                publish_s=time.perf_counter() - t0,
+                push_s=push_s,
             )
             t.producer.publish_all([*updates, published])
+
     del weights
     sharded = bool(updates) or version > 0  # the initial version has no optimizer state (`trainer.state`)
-    t.writer.store(version, t.scorer.model if sharded else None, t.optimizer.optimizer if sharded else None,
-                   announce)
+    t.writer.store(version, t.scorer.model if sharded else None, t.optimizer.optimizer if sharded else None, announce)
 
 
 if __name__ == "__main__":

@@ -64,9 +64,20 @@ def flatten(batch: list[TrainGroup]) -> tuple[list[StepSample], int]:
     for g in batch:
         for steps, advantage, reward in zip(g.trajectories, g.advantages, g.completed.rewards):
             trajectories += 1
-            samples += [StepSample(s.prompt_token_ids, s.response_token_ids, s.prompt_screenshot_sha256,
-                                   s.behave_logprobs, s.token_policy_versions, advantage, len(steps), reward > 0)
-                        for s in steps if s.response_token_ids]
+            samples += [
+                StepSample(
+                    s.prompt_token_ids,
+                    s.response_token_ids,
+                    s.prompt_screenshot_sha256,
+                    s.behave_logprobs,
+                    s.token_policy_versions,
+                    advantage,
+                    len(steps),
+                    reward > 0,
+                )
+                for s in steps
+                if s.response_token_ids
+            ]
     return samples, trajectories
 
 
@@ -88,8 +99,9 @@ def interleave(per_rank: list[list]) -> list:
     return [items[k] for k in range(max(map(len, per_rank), default=0)) for items in per_rank if k < len(items)]
 
 
-def prefetch(samples: list[StepSample], fetch: Callable[[str], bytes], ahead: int = 4
-             ) -> Iterator[tuple[StepSample, list[bytes]]]:
+def prefetch(
+    samples: list[StepSample], fetch: Callable[[str], bytes], ahead: int = 4
+) -> Iterator[tuple[StepSample, list[bytes]]]:
     """Samples with their screenshots, fetched by hash `ahead` samples in advance on a thread pool.
     Nothing else keeps the bytes: once the caller moves on, a sample's pixels are freed."""
     with ThreadPoolExecutor(max_workers=ahead) as pool:
@@ -141,8 +153,9 @@ class Scorer:
     def samples(self, samples: list[StepSample]) -> Iterator[tuple[StepSample, dict]]:
         device = next(self.model.parameters()).device
         for s, images in prefetch(samples, self.fetch):
-            inputs = inputs_from_ids(self.tokenizer, s.prompt_token_ids + s.response_token_ids, images,
-                                     self.image_processor)
+            inputs = inputs_from_ids(
+                self.tokenizer, s.prompt_token_ids + s.response_token_ids, images, self.image_processor
+            )
             yield s, {k: v.to(device) for k, v in inputs.items()}
 
     def frozen(self, model_dir: Path) -> Scorer:
@@ -155,14 +168,22 @@ class Scorer:
 def response_logprobs(scorer: Scorer, samples: list[StepSample], temperature: float) -> list[torch.Tensor]:
     """Log-probs of every sample's response tokens under the scorer's model, with no gradient: pi_prox
     (the weights at the start of the batch) or pi_ref (`Scorer.frozen`)."""
-    return [score(scorer.model, inputs, len(s.response_token_ids), scorer.suppress, temperature)[0]
-            for s, inputs in scorer.samples(samples)]
+    return [
+        score(scorer.model, inputs, len(s.response_token_ids), scorer.suppress, temperature)[0]
+        for s, inputs in scorer.samples(samples)
+    ]
 
 
-def accumulate_gradients(scorer: Scorer, samples: list[StepSample], num_trajectories: int, version: int,
-                         config: TrainConfig, proximal: list[torch.Tensor] | None = None,
-                         reference: list[torch.Tensor] | None = None,
-                         after_backward: Callable[[], None] | None = None) -> list[Scored]:
+def accumulate_gradients(
+    scorer: Scorer,
+    samples: list[StepSample],
+    num_trajectories: int,
+    version: int,
+    config: TrainConfig,
+    proximal: list[torch.Tensor] | None = None,
+    reference: list[torch.Tensor] | None = None,
+    after_backward: Callable[[], None] | None = None,
+) -> list[Scored]:
     """One backward per sample (gradients accumulate in `.grad`, or in FSDP2's shards); the live
     samples' losses and per-token values. `proximal`: per-sample log pi_prox when the weights have
     moved since the batch started (else this forward's own); `reference`: per-sample log pi_ref,
@@ -175,18 +196,37 @@ def accumulate_gradients(scorer: Scorer, samples: list[StepSample], num_trajecto
         logprobs, entropy = score(scorer.model, inputs, n, scorer.suppress, config.temperature)  # [n], [n]
         prox = logprobs.detach() if proximal is None else proximal[i]  # [n]
         ref = reference[i] if reference is not None else torch.zeros(0)  # [n] or [0]
-        b = step_batch(config, logprobs, entropy, prox, s.behave_logprobs, ref, s.advantage, s.success,
-                       s.trajectory_steps, num_trajectories,
-                       lambda s=s: decision_token_mask(scorer.tokenizer, s.response_token_ids))
+        b = step_batch(
+            config,
+            logprobs,
+            entropy,
+            prox,
+            s.behave_logprobs,
+            ref,
+            s.advantage,
+            s.success,
+            s.trajectory_steps,
+            num_trajectories,
+            lambda s=s: decision_token_mask(scorer.tokenizer, s.response_token_ids),
+        )
         loss, _ = policy_loss(config, b)  # the batch's statistics come from `update_stats`, over every rank
         (loss if s.live else loss * 0.0).backward()
         if after_backward is not None:
             after_backward()
         if s.live:
             lag = torch.tensor([version - v for v in s.token_policy_versions], device=logprobs.device)
-            tokens = dict(logprobs=b.logprobs, proximal=b.proximal, behave=b.behave, advantages=b.advantages,
-                          mask=b.mask, weights=b.weights, success=b.success, entropy=b.entropy,
-                          reference=b.reference, lag=lag)
+            tokens = dict(
+                logprobs=b.logprobs,
+                proximal=b.proximal,
+                behave=b.behave,
+                advantages=b.advantages,
+                mask=b.mask,
+                weights=b.weights,
+                success=b.success,
+                entropy=b.entropy,
+                reference=b.reference,
+                lag=lag,
+            )
             live.append((loss.detach(), {k: v.detach() for k, v in tokens.items()}))
     return to_host(live)
 
@@ -217,22 +257,30 @@ class AnchorDraw:
     """Demonstration steps drawn over all ranks: the anchor is `coef` x the mean of their NLLs."""
 
 
-def draw_anchor(demonstrations: list[StepSample], config: TrainConfig, update_step: int, ranks: Iterable[int],
-                world: int) -> AnchorDraw | None:
+def draw_anchor(
+    demonstrations: list[StepSample], config: TrainConfig, update_step: int, ranks: Iterable[int], world: int
+) -> AnchorDraw | None:
     """The `anchor.steps` demonstration steps of optimizer step `update_step`, drawn from (seed,
     update_step) alone, so a restarted trainer and replay draw the same ones; None with the anchor off."""
     if not config.anchor.coef:
         return None
     if not demonstrations:
-        raise ValueError(f"anchor.coef > 0 but runs {list(config.anchor.run_ids)} hold no successful "
-                         "demonstration steps with tokens (is the ledger synced?)")
+        raise ValueError(
+            f"anchor.coef > 0 but runs {list(config.anchor.run_ids)} hold no successful "
+            "demonstration steps with tokens (is the ledger synced?)"
+        )
     rng = random.Random(f"anchor {config.seed} {update_step}")  # a str seed is hashed with sha512: stable
     drawn = rng.sample(demonstrations, min(config.anchor.steps, len(demonstrations)))
     return AnchorDraw([shard(drawn, r, world) for r in ranks], len(drawn))
 
 
-def anchor_gradients(scorer: Scorer, demonstrations: list[StepSample], drawn: int, config: TrainConfig,
-                     after_backward: Callable[[], None] | None = None) -> list[float]:
+def anchor_gradients(
+    scorer: Scorer,
+    demonstrations: list[StepSample],
+    drawn: int,
+    config: TrainConfig,
+    after_backward: Callable[[], None] | None = None,
+) -> list[float]:
     """One backward per demonstration step of `coef / drawn` x its mean NLL (`trainer.losses.anchor`)
     under the sampler's distribution, as the policy gradient scores; the live steps' NLLs."""
     nlls = []
@@ -281,10 +329,18 @@ class ShardedOptimizer(Protocol):
     def clip_and_step(self, max_norm: float) -> float: ...
 
 
-def optimizer_step(scorer: Scorer, optimizer: ShardedOptimizer, config: TrainConfig, update_step: int,
-                   shards: list[list[StepSample]], num_trajectories: int, version: int,
-                   proximal: list[list[torch.Tensor]] | None, reference: list[list[torch.Tensor]] | None = None,
-                   anchor: AnchorDraw | None = None) -> StepResult:
+def optimizer_step(
+    scorer: Scorer,
+    optimizer: ShardedOptimizer,
+    config: TrainConfig,
+    update_step: int,
+    shards: list[list[StepSample]],
+    num_trajectories: int,
+    version: int,
+    proximal: list[list[torch.Tensor]] | None,
+    reference: list[list[torch.Tensor]] | None = None,
+    anchor: AnchorDraw | None = None,
+) -> StepResult:
     """One optimizer step, the trainer's and replay's alike: learning rate, gradients, clip, AdamW.
 
     `shards`: per rank, its padded samples (`shard`); `proximal`/`reference` likewise; `anchor`: the
@@ -293,11 +349,21 @@ def optimizer_step(scorer: Scorer, optimizer: ShardedOptimizer, config: TrainCon
     which is the order `EmulatedFSDP` sums them in."""
     optimizer.zero_grad()
     lr = set_lr(optimizer, config, update_step)
-    scored = accumulate_gradients(scorer, interleave(shards), num_trajectories, version, config,
-                                  interleave(proximal) if proximal else None,
-                                  interleave(reference) if reference else None, optimizer.after_backward)
-    nlls = (anchor_gradients(scorer, interleave(anchor.shards), anchor.drawn, config, optimizer.after_backward)
-            if anchor else [])
+    scored = accumulate_gradients(
+        scorer,
+        interleave(shards),
+        num_trajectories,
+        version,
+        config,
+        interleave(proximal) if proximal else None,
+        interleave(reference) if reference else None,
+        optimizer.after_backward,
+    )
+    nlls = (
+        anchor_gradients(scorer, interleave(anchor.shards), anchor.drawn, config, optimizer.after_backward)
+        if anchor
+        else []
+    )
     return StepResult(lr, scored, optimizer.clip_and_step(config.max_grad_norm), nlls)
 
 

@@ -50,8 +50,13 @@ class VersionWriter:
         self.waited_s = 0.0
         """Time the main thread spent waiting for a previous version (the upload outlasted an update)."""
 
-    def store(self, version: int, model: torch.nn.Module | None, optimizer: torch.optim.Optimizer | None,
-              announce: Callable[[], None] | None) -> None:
+    def store(
+        self,
+        version: int,
+        model: torch.nn.Module | None,
+        optimizer: torch.optim.Optimizer | None,
+        announce: Callable[[], None] | None,
+    ) -> None:
         """Snapshot this rank's shards of `model` and `optimizer` (None: the version has no sharded
         state) and store them in the background; then, once every rank has, run `announce` (rank 0:
         upload the HF directory and send the events). Every rank must call it."""
@@ -60,8 +65,9 @@ class VersionWriter:
         if model is not None:
             model_state, optimizer_state = get_state_dict(model, optimizer)
             # staged now (a copy on the host): the optimizer may change the live tensors from here on
-            saving = dcp.async_save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=tmp,
-                                    process_group=self.group)
+            saving = dcp.async_save(
+                {"model": model_state, "optimizer": optimizer_state}, checkpoint_id=tmp, process_group=self.group
+            )
         self._inflight = version, self._thread.submit(self._finish, version, saving, tmp, announce)
 
     def _finish(self, version: int, saving: Future | None, tmp: Path, announce: Callable[[], None] | None) -> None:
@@ -69,9 +75,12 @@ class VersionWriter:
             if saving is not None:
                 saving.result()
                 for path in sorted(tmp.iterdir()):  # this rank's shard files (rank 0: also `.metadata`)
-                    patiently(lambda path=path: self.checkpoints.put_state(path, self.run_id, version,
-                                                                           f"{FOLDER}/{path.name}"),
-                              f"storing trainer state {path.name} of v{version}")
+                    patiently(
+                        lambda path=path: self.checkpoints.put_state(
+                            path, self.run_id, version, f"{FOLDER}/{path.name}"
+                        ),
+                        f"storing trainer state {path.name} of v{version}",
+                    )
             dist.barrier(group=self.group)  # every rank's shards are in the store
             if announce is not None:
                 announce()

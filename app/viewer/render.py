@@ -65,8 +65,11 @@ def drawn_step(png: bytes, step: dict) -> bytes:
     if marks and not step["marks_drawn"]:
         png = draw_marks(png, marks)
     action = step["action"] or {}
-    at = (action["x"], action["y"]) if action.get("x") is not None else next(
-        (m.center for m in marks if m.id == action.get("mark")), None)
+    at = (
+        (action["x"], action["y"])
+        if action.get("x") is not None
+        else next((m.center for m in marks if m.id == action.get("mark")), None)
+    )
     if at is None:
         return png
     img = Image.open(io.BytesIO(png)).convert("RGB")
@@ -83,8 +86,9 @@ def curves_svg(series: dict[str, list[tuple[float, float]]], run_id: str) -> byt
 
     names = list(series)
     cols = 4
-    fig, axes = plt.subplots((len(names) + cols - 1) // cols, cols, figsize=(13, 2.3 * ((len(names) + 3) // 4)),
-                             squeeze=False)
+    fig, axes = plt.subplots(
+        (len(names) + cols - 1) // cols, cols, figsize=(13, 2.3 * ((len(names) + 3) // 4)), squeeze=False
+    )
     for ax, name in zip(axes.flat, names):
         points = series[name]
         if points:
@@ -94,7 +98,7 @@ def curves_svg(series: dict[str, list[tuple[float, float]]], run_id: str) -> byt
         ax.set_title(name, fontsize=9)
         ax.tick_params(labelsize=7)
         ax.set_xlabel("policy version", fontsize=7)
-    for ax in list(axes.flat)[len(names):]:
+    for ax in list(axes.flat)[len(names) :]:
         ax.set_visible(False)
     fig.suptitle(run_id, fontsize=9)
     fig.tight_layout()

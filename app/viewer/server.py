@@ -102,15 +102,26 @@ def make_app(settings: StackSettings, config: ViewerConfig = ViewerConfig()) -> 
         outcome = request.query_params.get("outcome") or None
         if outcome is not None and outcome not in browse.OUTCOMES:
             raise HTTPException(404, f"no outcome {outcome!r} (one of {', '.join(browse.OUTCOMES)})")
-        return page(request, "run.html", run=found, outcome=outcome, outcomes=browse.OUTCOMES,
-                    counts=query(browse.counts, rid), trajectories=query(browse.trajectories, rid, outcome),
-                    groups=query(browse.groups, rid), updates=query(browse.updates, rid),
-                    others=[r["run_id"] for r in query(browse.runs) if r["run_id"] != rid])
+        return page(
+            request,
+            "run.html",
+            run=found,
+            outcome=outcome,
+            outcomes=browse.OUTCOMES,
+            counts=query(browse.counts, rid),
+            trajectories=query(browse.trajectories, rid, outcome),
+            groups=query(browse.groups, rid),
+            updates=query(browse.updates, rid),
+            others=[r["run_id"] for r in query(browse.runs) if r["run_id"] != rid],
+        )
 
     def curves(request: Request) -> Response:
         rid = run_id(request)
-        return Response(curves_svg(query(browse.version_curves, rid), rid), media_type="image/svg+xml",
-                        headers={"Cache-Control": "no-cache"})
+        return Response(
+            curves_svg(query(browse.version_curves, rid), rid),
+            media_type="image/svg+xml",
+            headers={"Cache-Control": "no-cache"},
+        )
 
     def trajectory_page(request: Request) -> Response:
         rid, tid = run_id(request), request.path_params["trajectory_id"]
@@ -118,8 +129,12 @@ def make_app(settings: StackSettings, config: ViewerConfig = ViewerConfig()) -> 
         if found is None:
             raise HTTPException(404, f"no trajectory {tid!r} in run {rid!r}")
         with ThreadPoolExecutor(8) as pool:  # each screenshot fetched and verified once, in parallel
-            problems = dict(zip((s["screenshot_sha256"] for s in found["steps"]),
-                                pool.map(shots.problem, [s["screenshot_sha256"] for s in found["steps"]])))
+            problems = dict(
+                zip(
+                    (s["screenshot_sha256"] for s in found["steps"]),
+                    pool.map(shots.problem, [s["screenshot_sha256"] for s in found["steps"]]),
+                )
+            )
         return page(request, "trajectory.html", run_id=rid, t=found, problems=problems)
 
     def group_page(request: Request) -> Response:
@@ -170,13 +185,15 @@ def make_app(settings: StackSettings, config: ViewerConfig = ViewerConfig()) -> 
     ]
 
     async def not_found(request: Request, exc: HTTPException) -> Response:
-        return templates.TemplateResponse(request, "error.html", {"status": exc.status_code, "detail": exc.detail},
-                                          status_code=exc.status_code)
+        return templates.TemplateResponse(
+            request, "error.html", {"status": exc.status_code, "detail": exc.detail}, status_code=exc.status_code
+        )
 
     async def failed(request: Request, exc: Exception) -> Response:
         log.exception("%s failed", request.url.path)  # the traceback goes to the log, never to the page
-        return templates.TemplateResponse(request, "error.html", {"status": 500, "detail": _one_line(exc)},
-                                          status_code=500)
+        return templates.TemplateResponse(
+            request, "error.html", {"status": 500, "detail": _one_line(exc)}, status_code=500
+        )
 
     return Starlette(routes=routes, exception_handlers={HTTPException: not_found, Exception: failed})
 

@@ -265,34 +265,86 @@ class _Cluster:
 
     def make_monitor(self, st: dict) -> None:
         b, d = self.bins, self.d
-        _run([b["ceph-authtool"], "--create-keyring", str(d / "keyring"), "--gen-key", "-n", "mon.",
-              "--cap", "mon", "allow *"], "ceph-authtool", self.left())
-        _run([b["monmaptool"], "--create", "--fsid", st["fsid"], "--addv", "a",
-              f"[v2:127.0.0.1:{st['mon_port']}]", str(d / "monmap")], "monmaptool", self.left())
-        _run([b["ceph-mon"], *self.conf, "--mkfs", "-i", "a", "--monmap", str(d / "monmap"),
-              "--keyring", str(d / "keyring"), *self.user], "ceph-mon --mkfs", self.left())
+        _run(
+            [
+                b["ceph-authtool"],
+                "--create-keyring",
+                str(d / "keyring"),
+                "--gen-key",
+                "-n",
+                "mon.",
+                "--cap",
+                "mon",
+                "allow *",
+            ],
+            "ceph-authtool",
+            self.left(),
+        )
+        _run(
+            [
+                b["monmaptool"],
+                "--create",
+                "--fsid",
+                st["fsid"],
+                "--addv",
+                "a",
+                f"[v2:127.0.0.1:{st['mon_port']}]",
+                str(d / "monmap"),
+            ],
+            "monmaptool",
+            self.left(),
+        )
+        _run(
+            [
+                b["ceph-mon"],
+                *self.conf,
+                "--mkfs",
+                "-i",
+                "a",
+                "--monmap",
+                str(d / "monmap"),
+                "--keyring",
+                str(d / "keyring"),
+                *self.user,
+            ],
+            "ceph-mon --mkfs",
+            self.left(),
+        )
 
     def start_daemons(self, st: dict, fresh: bool, rgw_port: int, procs: list[ServiceProc]) -> S3Credentials:
         """mon, then OSD (created first if `fresh`), then radosgw and its S3 user; each appended to
         `procs` as soon as it runs, so the caller can stop them if a later one fails."""
         b, c, user, logs = self.bins, self.conf, self.user, self.d / "log"
         ceph = [b["ceph"], *c, "--connect-timeout", "10"]
-        procs.append(spawn("ceph-mon", [b["ceph-mon"], "-f", *c, "-i", "a", *user], logs / "ceph-mon.out",
-                           st["mon_port"]))
+        procs.append(
+            spawn("ceph-mon", [b["ceph-mon"], "-f", *c, "-i", "a", *user], logs / "ceph-mon.out", st["mon_port"])
+        )
         wait_until(lambda: port_open(st["mon_port"]), "ceph-mon", self.left(), procs[-1], logs / "ceph-mon.out")
         if fresh:
             _run([*ceph, "osd", "new", st["osd_uuid"], "0"], "ceph osd new", self.left())
-            _run([b["ceph-osd"], *c, "-i", "0", "--mkfs", "--osd-uuid", st["osd_uuid"], *user],
-                 "ceph-osd --mkfs", self.left())
+            _run(
+                [b["ceph-osd"], *c, "-i", "0", "--mkfs", "--osd-uuid", st["osd_uuid"], *user],
+                "ceph-osd --mkfs",
+                self.left(),
+            )
         procs.append(spawn("ceph-osd", [b["ceph-osd"], "-f", *c, "-i", "0", *user], logs / "ceph-osd.out"))
         wait_until(lambda: _osd_up(ceph), "ceph-osd up", self.left(), procs[-1], logs / "ceph-osd.out")
-        procs.append(spawn("s3", [b["radosgw"], "-f", *c, "-n", "client.rgw.a", *user], logs / "radosgw.out",
-                           rgw_port))
+        procs.append(spawn("s3", [b["radosgw"], "-f", *c, "-n", "client.rgw.a", *user], logs / "radosgw.out", rgw_port))
         creds = S3Credentials(f"127.0.0.1:{rgw_port}", st["access_key"], st["secret_key"])
         wait_until(lambda: s3_healthy(creds), "radosgw HTTP", self.left(), procs[-1], logs / "radosgw.out")
         if fresh:
-            _run([b["radosgw-admin"], *c, "user", "create", f"--uid={_S3_USER}", f"--display-name={_S3_USER}",
-                  f"--access-key={st['access_key']}", f"--secret-key={st['secret_key']}"],
-                 "radosgw-admin user create", self.left())
+            _run(
+                [
+                    b["radosgw-admin"],
+                    *c,
+                    "user",
+                    "create",
+                    f"--uid={_S3_USER}",
+                    f"--display-name={_S3_USER}",
+                    f"--access-key={st['access_key']}",
+                    f"--secret-key={st['secret_key']}",
+                ],
+                "radosgw-admin user create",
+                self.left(),
+            )
         return creds
-

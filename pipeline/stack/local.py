@@ -43,8 +43,15 @@ class LocalStack:
 
     # -- lifecycle -------------------------------------------------------------------------------
     @classmethod
-    def up(cls, data_dir: Path, durable: bool = True, kafka_port: int | None = None,
-           s3_port: int | None = None, bucket: str = "awrl", vllm: VLLMServerConfig | None = None) -> LocalStack:
+    def up(
+        cls,
+        data_dir: Path,
+        durable: bool = True,
+        kafka_port: int | None = None,
+        s3_port: int | None = None,
+        bucket: str = "awrl",
+        vllm: VLLMServerConfig | None = None,
+    ) -> LocalStack:
         """Start the stack, or return the one already running from `data_dir`. `vllm`: also run the
         policy server (added to a running stack that has none)."""
         data_dir = Path(data_dir).resolve()
@@ -106,12 +113,18 @@ class LocalStack:
         stop(old)
         time.sleep(downtime_s)
         # Right after a SIGKILL the dead broker's connections can hold the port for a moment.
-        for attempt in tenacity.Retrying(retry=tenacity.retry_if_exception_type(StackError),
-                                         wait=tenacity.wait_fixed(0.5), stop=tenacity.stop_after_delay(30),
-                                         reraise=True):
+        for attempt in tenacity.Retrying(
+            retry=tenacity.retry_if_exception_type(StackError),
+            wait=tenacity.wait_fixed(0.5),
+            stop=tenacity.stop_after_delay(30),
+            reraise=True,
+        ):
             with attempt:
-                self.services[i] = (start_tansu(self.data_dir, port=old.port) if name == "kafka"
-                                    else respawn(old, timeout=VLLM_STARTUP_S if name == "vllm" else 60.0))
+                self.services[i] = (
+                    start_tansu(self.data_dir, port=old.port)
+                    if name == "kafka"
+                    else respawn(old, timeout=VLLM_STARTUP_S if name == "vllm" else 60.0)
+                )
         if name == "s3" and self.s3 is not None:
             wait_until(lambda: s3_healthy(self.s3), "radosgw HTTP", 60, self.services[i])
         if name == "vllm":

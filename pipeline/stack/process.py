@@ -86,8 +86,14 @@ def port_open(port: int, host: str = "127.0.0.1", timeout: float = 0.5) -> bool:
         return False
 
 
-def spawn(name: str, argv: list[str], log_path: Path, port: int | None = None, env: dict | None = None,
-          process_group: bool = False) -> ServiceProc:
+def spawn(
+    name: str,
+    argv: list[str],
+    log_path: Path,
+    port: int | None = None,
+    env: dict | None = None,
+    process_group: bool = False,
+) -> ServiceProc:
     """Start a daemon detached from our session; stdout/stderr go to `log_path`."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as log:
@@ -99,8 +105,16 @@ def spawn(name: str, argv: list[str], log_path: Path, port: int | None = None, e
             start_new_session=True,
             env={**os.environ, **(env or {})},
         )
-    return ServiceProc(name=name, pid=proc.pid, port=port, binary=os.path.realpath(argv[0]), argv=tuple(argv),
-                       log=str(log_path), env=tuple(sorted((env or {}).items())), process_group=process_group)
+    return ServiceProc(
+        name=name,
+        pid=proc.pid,
+        port=port,
+        binary=os.path.realpath(argv[0]),
+        argv=tuple(argv),
+        log=str(log_path),
+        env=tuple(sorted((env or {}).items())),
+        process_group=process_group,
+    )
 
 
 def dies_with_parent(command: list[str]) -> list[str]:
@@ -116,8 +130,14 @@ def dies_with_parent(command: list[str]) -> list[str]:
 def start_child(command: list[str], env: dict[str, str] | None = None, log: IO | None = None) -> subprocess.Popen:
     """Start a child of this command (a run's ledger writer, torchrun) in a process group of its own,
     so `stop_child` reaches its own children too, and killed with this process (`dies_with_parent`)."""
-    return subprocess.Popen(dies_with_parent(command), env=env, stdin=subprocess.DEVNULL, stdout=log,
-                            stderr=subprocess.STDOUT if log else None, start_new_session=True)
+    return subprocess.Popen(
+        dies_with_parent(command),
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=log,
+        stderr=subprocess.STDOUT if log else None,
+        start_new_session=True,
+    )
 
 
 def stop_child(proc: subprocess.Popen, timeout_s: float = 30.0) -> int:
@@ -136,8 +156,9 @@ def respawn(proc: ServiceProc, timeout: float = 60.0) -> ServiceProc:
     """Start a stopped daemon again with the same command line; waits for its port if it has one."""
     if not proc.argv:
         raise StackError(f"{proc.name}: started by an older version, its command line is unknown; restart the stack")
-    new = spawn(proc.name, list(proc.argv), Path(proc.log), port=proc.port, env=dict(proc.env),
-                process_group=proc.process_group)
+    new = spawn(
+        proc.name, list(proc.argv), Path(proc.log), port=proc.port, env=dict(proc.env), process_group=proc.process_group
+    )
     if proc.port is not None:
         wait_until(lambda: port_open(proc.port), proc.name, timeout, new, Path(proc.log))
     return new

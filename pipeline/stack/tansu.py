@@ -42,8 +42,18 @@ def start_tansu(data_dir: Path, port: int | None = None, timeout: float = 20.0) 
     log = data_dir / "log" / "tansu.log"
     # A fresh cluster id per start: the log is in memory, so a restarted broker is a new cluster,
     # and consumers notice (`EventConsumer` re-reads from the start instead of skipping offsets).
-    argv = [binary, "broker", "--listener-url", url, "--advertised-listener-url", url,
-            "--storage-engine", "memory://tansu/", "--cluster-id", f"awrl-{uuid.uuid4().hex[:12]}"]
+    argv = [
+        binary,
+        "broker",
+        "--listener-url",
+        url,
+        "--advertised-listener-url",
+        url,
+        "--storage-engine",
+        "memory://tansu/",
+        "--cluster-id",
+        f"awrl-{uuid.uuid4().hex[:12]}",
+    ]
     proc = spawn("kafka", argv, log, port=port, env={"RUST_LOG": "warn"})
     wait_until(lambda: port_open(port), "kafka (tansu)", timeout, proc, log)
     return proc

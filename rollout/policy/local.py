@@ -114,9 +114,14 @@ class LocalPolicy:
             self._on_model_thread(self._run_queued)
         out, version = mine.result()
         t2 = time.perf_counter()
-        timings = {"prepare_s": t1 - t0, "prefill_s": out.prefill_s, "decode_s": out.decode_s,
-                   "queue_s": t2 - t1 - out.prefill_s - out.decode_s, "policy_s": t2 - t0,
-                   "batch_size": float(out.batch_size)}
+        timings = {
+            "prepare_s": t1 - t0,
+            "prefill_s": out.prefill_s,
+            "decode_s": out.decode_s,
+            "queue_s": t2 - t1 - out.prefill_s - out.decode_s,
+            "policy_s": t2 - t0,
+            "batch_size": float(out.batch_size),
+        }
         return PolicyOutput(
             response_text=self.tokenizer.decode(out.tokens, skip_special_tokens=True),
             prompt_token_ids=inputs["input_ids"][0].tolist(),
@@ -129,12 +134,13 @@ class LocalPolicy:
     def _run_queued(self) -> None:
         """Decode the oldest queued prompts as one batch (on the model thread)."""
         with self._queue_lock:
-            batch, self._queue = self._queue[:self.max_batch], self._queue[self.max_batch:]
+            batch, self._queue = self._queue[: self.max_batch], self._queue[self.max_batch :]
         if not batch:
             return
         try:
-            results = sample_batch(self.model, [inputs for inputs, _ in batch], self.sampling, self._pad,
-                                   generator=self._generator)
+            results = sample_batch(
+                self.model, [inputs for inputs, _ in batch], self.sampling, self._pad, generator=self._generator
+            )
         except Exception as error:  # every waiter of the batch hears of it, not only the one running it
             for _, waiting in batch:
                 waiting.set_exception(error)
@@ -146,8 +152,9 @@ class LocalPolicy:
     def teacher_forced_logprobs(self, prompt_ids: list[int], images: list[bytes], response_ids: list[int]):
         """Log-probs (a list) of a recorded response under the current weights (one forward pass)."""
         inputs = inputs_from_ids(self.tokenizer, prompt_ids + response_ids, images, self.image_processor)
-        lp = self._on_model_thread(forward_logprobs, self.model, inputs, len(response_ids), self._suppress,
-                                   self.temperature)
+        lp = self._on_model_thread(
+            forward_logprobs, self.model, inputs, len(response_ids), self._suppress, self.temperature
+        )
         return lp.tolist()
 
     def load_weights(self, version: int, checkpoint_uri: str, checkpoint_sha256: str | None = None) -> None:
@@ -202,6 +209,7 @@ def _receiver(address: str) -> WeightReceiver | None:
     try:
         return WeightReceiver(address)
     except torch.distributed.DistNetworkError as exc:
-        logging.getLogger(__name__).warning("weight push: no sender at %s (%s); loading versions from the store",
-                                            address, str(exc).splitlines()[0])
+        logging.getLogger(__name__).warning(
+            "weight push: no sender at %s (%s); loading versions from the store", address, str(exc).splitlines()[0]
+        )
         return None

@@ -43,8 +43,13 @@ class ScoredPolicy:
         response_ids = tok(response_text, add_special_tokens=False)["input_ids"] + [self._stop]
         version = self.model.version
         logprobs = self.model.teacher_forced_logprobs(prompt_ids, images, response_ids)
-        return PolicyOutput(response_text=response_text, prompt_token_ids=prompt_ids, response_token_ids=response_ids,
-                            logprobs=logprobs, token_policy_versions=[version] * len(response_ids))
+        return PolicyOutput(
+            response_text=response_text,
+            prompt_token_ids=prompt_ids,
+            response_token_ids=response_ids,
+            logprobs=logprobs,
+            token_policy_versions=[version] * len(response_ids),
+        )
 
     async def refresh(self, version: int, checkpoint_uri: str, checkpoint_sha256: str | None = None) -> None:
         await self.model.refresh(version, checkpoint_uri, checkpoint_sha256)

@@ -99,5 +99,6 @@ class RandomPolicy:
 
 def _scripted_output(text: str, version: int) -> PolicyOutput:
     """Scripted policies have no tokens: empty token fields, exact text."""
-    return PolicyOutput(response_text=text, prompt_token_ids=[], response_token_ids=[], logprobs=[],
-                        token_policy_versions=[])
+    return PolicyOutput(
+        response_text=text, prompt_token_ids=[], response_token_ids=[], logprobs=[], token_policy_versions=[]
+    )

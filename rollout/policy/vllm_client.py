@@ -180,14 +180,23 @@ class VLLMPolicy:
                 weights_dir = await asyncio.to_thread(self.fetch, checkpoint_uri)
                 check_weights_dir(weights_dir)
             except (OSError, ValueError) as exc:
-                raise RuntimeError(f"refresh to version {version} ({checkpoint_uri}) failed before reaching the "
-                                   f"server, which keeps version {self.version}: {exc}") from exc
+                raise RuntimeError(
+                    f"refresh to version {version} ({checkpoint_uri}) failed before reaching the "
+                    f"server, which keeps version {self.version}: {exc}"
+                ) from exc
             timings["fetch_s"] = time.perf_counter() - t0
             reload = ("/collective_rpc", reload_weights_body(weights_dir))
         await asyncio.to_thread(self._swap, version, checkpoint_uri, reload, weights_dir, timings, t0)
 
-    def _swap(self, version: int, checkpoint_uri: str, reload: tuple[str, dict], weights_dir: str | None,
-              timings: dict[str, float], t0: float) -> None:
+    def _swap(
+        self,
+        version: int,
+        checkpoint_uri: str,
+        reload: tuple[str, dict],
+        weights_dir: str | None,
+        timings: dict[str, float],
+        t0: float,
+    ) -> None:
         """Pause, reload, reset, resume: in one thread, which a cancelled caller (a pool shutting
         down) cannot stop half-way, so the server is never left paused or half-refreshed."""
         pause, resume = self.pause_paths or (None, None)
@@ -234,8 +243,12 @@ class VLLMPolicy:
         if self.weights_dir is None:
             return "; the server's weights are now undefined (no earlier directory known): restart it"
         try:
-            self._post_all([("/collective_rpc", reload_weights_body(self.weights_dir)),
-                            *[(route, {}) for route in self.cache_reset_paths]])
+            self._post_all(
+                [
+                    ("/collective_rpc", reload_weights_body(self.weights_dir)),
+                    *[(route, {}) for route in self.cache_reset_paths],
+                ]
+            )
         except RuntimeError as exc:
             return f"; restoring version {self.version} failed too ({exc}): restart the server"
         return f"; the server was restored to version {self.version} ({self.weights_dir})"

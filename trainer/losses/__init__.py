@@ -10,6 +10,21 @@ from trainer.losses.objective import PolicyBatch, policy_loss, step_batch
 from trainer.losses.raft import raft_advantages
 from trainer.losses.tokens import TokenSelection, select_tokens
 
-__all__ = ["AnchorTokens", "GRPOConfig", "PPOConfig", "PolicyBatch", "TokenSelection", "anchor_loss", "anchor_mask",
-           "decoupled_ppo_objective", "grpo_loss", "kl_to_reference", "policy_loss", "raft_advantages",
-           "select_tokens", "step_batch", "token_weights", "weighted_loss"]
+__all__ = [
+    "AnchorTokens",
+    "GRPOConfig",
+    "PPOConfig",
+    "PolicyBatch",
+    "TokenSelection",
+    "anchor_loss",
+    "anchor_mask",
+    "decoupled_ppo_objective",
+    "grpo_loss",
+    "kl_to_reference",
+    "policy_loss",
+    "raft_advantages",
+    "select_tokens",
+    "step_batch",
+    "token_weights",
+    "weighted_loss",
+]

@@ -48,8 +48,9 @@ def token_weights(
 ) -> torch.Tensor:
     """w [T] such that loss = -sum(w * objective)."""
     if config.normalizer == "token":
-        return torch.full(step_tokens.shape, 1.0 / (num_trajectories * config.token_norm), dtype=dtype,
-                          device=step_tokens.device)
+        return torch.full(
+            step_tokens.shape, 1.0 / (num_trajectories * config.token_norm), dtype=dtype, device=step_tokens.device
+        )
     if config.normalizer == "per_trajectory":
         n_i = 1.0 / trajectory_steps.to(dtype)  # [T]
     elif config.normalizer == "constant":

@@ -50,8 +50,22 @@ class PolicyBatch:
     @classmethod
     def concatenated(cls, tokens: dict[str, torch.Tensor]) -> PolicyBatch:
         """A batch's recorded per-token values (`trainer.update.combine`), for its statistics."""
-        return cls(**{k: tokens[k] for k in ("logprobs", "proximal", "behave", "advantages", "mask", "weights",
-                                             "success", "entropy", "reference")})
+        return cls(
+            **{
+                k: tokens[k]
+                for k in (
+                    "logprobs",
+                    "proximal",
+                    "behave",
+                    "advantages",
+                    "mask",
+                    "weights",
+                    "success",
+                    "entropy",
+                    "reference",
+                )
+            }
+        )
 
 
 def step_batch(
@@ -82,15 +96,19 @@ def step_batch(
     w = token_weights(step_tokens, steps, num_trajectories, config.grpo, dtype)  # [n]
     w_kl = None
     if config.kl_coef:  # per token like the objective over the whole response: 1/|o| each
-        w_kl = w if config.tokens.pg == "all" else token_weights(
-            torch.full((n,), n, device=dev), steps, num_trajectories, config.grpo, dtype)  # [n]
+        w_kl = (
+            w
+            if config.tokens.pg == "all"
+            else token_weights(torch.full((n,), n, device=dev), steps, num_trajectories, config.grpo, dtype)
+        )  # [n]
     return PolicyBatch(logprobs, proximal, behave, advantages, mask, w, succeeded, entropy, reference, kl_mask, w_kl)
 
 
 def policy_loss(config: TrainConfig, batch: PolicyBatch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The loss (0-d) and its detached statistics (0-d tensors, no host sync)."""
-    objective, stats = decoupled_ppo_objective(batch.logprobs, batch.proximal, batch.behave, batch.advantages,
-                                               batch.mask, config.ppo)  # [T]
+    objective, stats = decoupled_ppo_objective(
+        batch.logprobs, batch.proximal, batch.behave, batch.advantages, batch.mask, config.ppo
+    )  # [T]
     loss, weight_mass = weighted_loss(objective, batch.weights, batch.success)
     if config.entropy_coef:
         loss = loss - config.entropy_coef * (batch.weights * batch.entropy * batch.mask).sum()

@@ -44,8 +44,10 @@ class TokenSelection:
         if not 0 < self.entropy_share <= 1:
             raise ValueError(f"tokens.entropy_share must be in (0, 1], not {self.entropy_share}")
         if self.kl == "scaffold" and self.pg == "all":
-            raise ValueError('tokens.kl="scaffold" keeps the KL off the policy-gradient tokens: with tokens.pg="all" '
-                             "that is every token; choose tokens.pg action or entropy")
+            raise ValueError(
+                'tokens.kl="scaffold" keeps the KL off the policy-gradient tokens: with tokens.pg="all" '
+                "that is every token; choose tokens.pg action or entropy"
+            )
 
 
 def select_tokens(

@@ -75,8 +75,18 @@ def layout(seed: int) -> Layout:
     rng = random.Random(f"boxes-{seed}")
     colours = rng.sample(COLOURS, BOXES)
     slot = SIZE[0] // BOXES
-    marks = [Mark(id=COLOURS.index(c), role="button", name="box", x=i * slot + rng.randint(2, slot - BOX - 2),
-                  y=rng.randint(16, SIZE[1] - BOX - 4), width=BOX, height=BOX) for i, c in enumerate(colours)]
+    marks = [
+        Mark(
+            id=COLOURS.index(c),
+            role="button",
+            name="box",
+            x=i * slot + rng.randint(2, slot - BOX - 2),
+            y=rng.randint(16, SIZE[1] - BOX - 4),
+            width=BOX,
+            height=BOX,
+        )
+        for i, c in enumerate(colours)
+    ]
     return Layout(colours, marks)
 
 
@@ -89,9 +99,18 @@ def make_task(template: str, seed: int, split: str) -> Task:
         target = named
     instruction = "Click any box." if template == "any" else f"Click the {named} box."
     judge = {"target": target, "any": int(template in DEMONSTRATION_ONLY)}
-    return Task(task_id=f"boxes-{template}-{seed}", suite="boxes", site="boxes", template=template,
-                difficulty="easy", instruction=instruction, start_path="/boxes", seed=seed, split=split,
-                judge=judge | ({} if template == "any" else {"named": named}))
+    return Task(
+        task_id=f"boxes-{template}-{seed}",
+        suite="boxes",
+        site="boxes",
+        template=template,
+        difficulty="easy",
+        instruction=instruction,
+        start_path="/boxes",
+        seed=seed,
+        split=split,
+        judge=judge | ({} if template == "any" else {"named": named}),
+    )
 
 
 class BoxesScreen:
@@ -134,8 +153,11 @@ class BoxesScreen:
         else:
             box = next((m for m in marks.values() if m.x <= a.x < m.x + m.width and m.y <= a.y < m.y + m.height), None)
         if box is None:
-            return (f"no element with mark {a.mark}", "no_such_mark") if a.mark is not None else \
-                (f"no element at ({a.x}, {a.y})", "no_element")
+            return (
+                (f"no element with mark {a.mark}", "no_such_mark")
+                if a.mark is not None
+                else (f"no element at ({a.x}, {a.y})", "no_element")
+            )
         self.clicked = COLOURS[box.id]
         return f"clicked {box.role} '{box.name}'", None
 
@@ -152,8 +174,12 @@ class BoxesSuite:
 
     def __init__(self):
         train = [make_task(t, s, "train") for t in TEMPLATES for s in range(TRAIN_SEEDS)]
-        test = [make_task(t, s, "test") for t in TEMPLATES if t not in DEMONSTRATION_ONLY
-                for s in range(TEST_SEED, TEST_SEED + TEST_SEEDS)]
+        test = [
+            make_task(t, s, "test")
+            for t in TEMPLATES
+            if t not in DEMONSTRATION_ONLY
+            for s in range(TEST_SEED, TEST_SEED + TEST_SEEDS)
+        ]
         self._tasks = train + test
 
     def start(self) -> None:

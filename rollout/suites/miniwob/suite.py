@@ -108,9 +108,7 @@ class MiniWobSuite:
         # Port 0: the OS picks a free port, so several suites (or test runs) never collide.
         self._server = QuietHTTPServer(("127.0.0.1", 0), handler)
         self.base_url = f"http://127.0.0.1:{self._server.server_address[1]}"
-        self._thread = threading.Thread(
-            target=self._server.serve_forever, name="miniwob-http", daemon=True
-        )
+        self._thread = threading.Thread(target=self._server.serve_forever, name="miniwob-http", daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
@@ -158,12 +156,8 @@ class MiniWobSuite:
             return Verdict(raw > 0, f"miniwob {task.site}: raw_reward={raw:g}{why}")
         if final:
             # MiniWoB takes no answers: only the page's own end counts.
-            said = {None: "episode over", "": "agent stopped"}.get(
-                answer, f"agent answered {answer!r}"
-            )
-            return Verdict(
-                False, f"miniwob {task.site}: {said} before the task ended (raw_reward=0)"
-            )
+            said = {None: "episode over", "": "agent stopped"}.get(answer, f"agent answered {answer!r}")
+            return Verdict(False, f"miniwob {task.site}: {said} before the task ended (raw_reward=0)")
         return None
 
     def oracle_step(self, obs: Observation) -> dict:

@@ -16,8 +16,24 @@ from rollout.suites.sites.world import slugify
 
 HOME = "/forms/"
 BRAND = "FormCenter"
-COUNTRIES = ("Australia", "Brazil", "Canada", "Denmark", "Egypt", "France", "Germany", "India", "Japan",
-             "Kenya", "Mexico", "Norway", "Portugal", "Spain", "Sweden", "United States")
+COUNTRIES = (
+    "Australia",
+    "Brazil",
+    "Canada",
+    "Denmark",
+    "Egypt",
+    "France",
+    "Germany",
+    "India",
+    "Japan",
+    "Kenya",
+    "Mexico",
+    "Norway",
+    "Portugal",
+    "Spain",
+    "Sweden",
+    "United States",
+)
 TOPICS = ("Technology", "Travel", "Cooking", "Sports", "Finance", "Gardening")
 REASONS = ("Arrived damaged", "Wrong item", "Too small", "Too large", "Changed my mind")
 POSITIONS = ("Software Engineer", "Data Analyst", "Product Designer", "Support Specialist", "Sales Manager")
@@ -75,24 +91,64 @@ class FormDef:
 
 NAME, EMAIL = Field("Full name"), Field("Email", "email")
 ADDRESS = ("Address", (Field("Street address"), Field("City"), Field("Country", "select", COUNTRIES)))
-FORMS = {f.fid: f for f in [
-    FormDef("contact", "Contact us", "Send us a message and we will reply by email.",
-            (("Your message", (Field("Name"), EMAIL, Field("Message", "textarea"))),), "Send message", False),
-    FormDef("newsletter", "Newsletter sign-up", "One email a week about the topic you choose.",
-            (("Subscribe", (EMAIL, Field("Topic", "select", TOPICS))),), "Subscribe", False),
-    FormDef("signup", "Create an account", "Three short steps.", (("Your details", (NAME, EMAIL)), ADDRESS)),
-    FormDef("return", "Request a return", "Returns are free within 30 days.",
-            (("Your order", (Field("Order number", "order"), EMAIL)),
-             ("Reason", (Field("Reason", "select", REASONS), Field("Comments", "textarea"))))),
-    FormDef("job", "Job application", "Apply for an open position.",
-            (("About you", (NAME, EMAIL, Field("Phone", "tel"))), ADDRESS,
-             ("The job", (Field("Position", "select", POSITIONS), Field("Years of experience", "number"))))),
-    FormDef("event", "Event registration", "Register for the annual FormCon meeting.",
-            (("Attendee", (NAME, EMAIL)),
-             ("Tickets", (Field("Ticket type", "select", TICKETS), Field("Dietary preference", "select", DIETS),
-                          Field("Number of guests", "number"))),
-             ("Billing address", ADDRESS[1]))),
-]}
+FORMS = {
+    f.fid: f
+    for f in [
+        FormDef(
+            "contact",
+            "Contact us",
+            "Send us a message and we will reply by email.",
+            (("Your message", (Field("Name"), EMAIL, Field("Message", "textarea"))),),
+            "Send message",
+            False,
+        ),
+        FormDef(
+            "newsletter",
+            "Newsletter sign-up",
+            "One email a week about the topic you choose.",
+            (("Subscribe", (EMAIL, Field("Topic", "select", TOPICS))),),
+            "Subscribe",
+            False,
+        ),
+        FormDef("signup", "Create an account", "Three short steps.", (("Your details", (NAME, EMAIL)), ADDRESS)),
+        FormDef(
+            "return",
+            "Request a return",
+            "Returns are free within 30 days.",
+            (
+                ("Your order", (Field("Order number", "order"), EMAIL)),
+                ("Reason", (Field("Reason", "select", REASONS), Field("Comments", "textarea"))),
+            ),
+        ),
+        FormDef(
+            "job",
+            "Job application",
+            "Apply for an open position.",
+            (
+                ("About you", (NAME, EMAIL, Field("Phone", "tel"))),
+                ADDRESS,
+                ("The job", (Field("Position", "select", POSITIONS), Field("Years of experience", "number"))),
+            ),
+        ),
+        FormDef(
+            "event",
+            "Event registration",
+            "Register for the annual FormCon meeting.",
+            (
+                ("Attendee", (NAME, EMAIL)),
+                (
+                    "Tickets",
+                    (
+                        Field("Ticket type", "select", TICKETS),
+                        Field("Dietary preference", "select", DIETS),
+                        Field("Number of guests", "number"),
+                    ),
+                ),
+                ("Billing address", ADDRESS[1]),
+            ),
+        ),
+    ]
+}
 
 
 def handle(req: Request) -> Response:
@@ -118,8 +174,9 @@ def _page(req: Request, title: str, body: str) -> Response:
 
 
 def _index(req: Request) -> Response:
-    items = "".join(f"<li>{link(HOME + f.fid, f.title)} <span class='muted'>{esc(f.intro)}</span></li>"
-                    for f in FORMS.values())
+    items = "".join(
+        f"<li>{link(HOME + f.fid, f.title)} <span class='muted'>{esc(f.intro)}</span></li>" for f in FORMS.values()
+    )
     return _page(req, "All forms", f"<h1>Forms</h1><p>Choose a form to fill in.</p><ul>{items}</ul>")
 
 
@@ -145,8 +202,10 @@ def _post_step(req: Request, form: FormDef, step: int) -> Response:
     if step > len(form.steps):
         return redirect(f"{HOME}{form.fid}?step={step}")
     fields = form.steps[step - 1][1]
-    values = {f.name: " ".join(req.form.get(f.name, "").split()) if f.kind != "textarea"
-              else req.form.get(f.name, "").strip() for f in fields}
+    values = {
+        f.name: " ".join(req.form.get(f.name, "").split()) if f.kind != "textarea" else req.form.get(f.name, "").strip()
+        for f in fields
+    }
     _draft(req, form).update(values)
     errors = {f.name: e for f in fields if (e := f.error(values[f.name]))}
     if errors:
@@ -174,8 +233,10 @@ def _done(req: Request, form: FormDef) -> Response:
     sub = next((s for s in req.session.submissions if s["ref"] == req.query.get("ref")), None)
     if sub is None or sub["form"] != form.fid:
         return not_found(req, "forms", BRAND, HOME)
-    body = (f"<h1>{esc(form.title)}: submitted</h1><p>We received your answers (reference {sub['ref']}).</p>"
-            f"{_summary(form, sub['values'])}<p>{link(HOME, 'Back to all forms')}</p>")
+    body = (
+        f"<h1>{esc(form.title)}: submitted</h1><p>We received your answers (reference {sub['ref']}).</p>"
+        f"{_summary(form, sub['values'])}<p>{link(HOME, 'Back to all forms')}</p>"
+    )
     return _page(req, "Submitted", body)
 
 
@@ -189,7 +250,7 @@ def _widget(f: Field, value: str) -> str:
     if f.kind == "textarea":
         return f"<textarea {attrs}>{esc(value)}</textarea>"
     if f.kind == "select":
-        opts = "".join(f'<option{" selected" if o == value else ""}>{esc(o)}</option>' for o in f.options)
+        opts = "".join(f"<option{' selected' if o == value else ''}>{esc(o)}</option>" for o in f.options)
         return f'<select {attrs}><option value="">Choose...</option>{opts}</select>'
     kind = {"email": "email", "tel": "tel"}.get(f.kind, "text")
     return f'<input type="{kind}" {attrs} value="{esc(value)}">'
@@ -199,22 +260,27 @@ def _render(req: Request, form: FormDef, step: int, values: dict[str, str], erro
     review = step > len(form.steps)
     name = "Review your answers" if review else form.steps[step - 1][0]
     intro = f"<p class='muted'>{esc(form.intro)}</p>" if step == 1 else ""
-    head = (f"<h1>{esc(form.title)}</h1>{intro}"
-            f"<p><b>Step {step} of {form.n_pages}: {esc(name)}</b></p>")
+    head = f"<h1>{esc(form.title)}</h1>{intro}<p><b>Step {step} of {form.n_pages}: {esc(name)}</b></p>"
     if errors:
         head += '<div class="flash error" role="alert">Please fix the errors below.</div>'
     back = link(f"{HOME}{form.fid}?step={step - 1}", "Back") if step > 1 else ""
     if review:
-        body = (f"<p>Check your answers, then press Submit.</p>{_summary(form, values)}"
-                f"<form method='post' action='{HOME}{form.fid}/submit' class='actions'>"
-                f"{back}<button type='submit'>Submit</button></form>")
+        body = (
+            f"<p>Check your answers, then press Submit.</p>{_summary(form, values)}"
+            f"<form method='post' action='{HOME}{form.fid}/submit' class='actions'>"
+            f"{back}<button type='submit'>Submit</button></form>"
+        )
         return _page(req, form.title, head + body)
     fields = "".join(
         f'<div class="field"><label for="{f.name}">{esc(f.label)}</label>{_widget(f, values.get(f.name, ""))}'
-        + (f'<div class="error">{esc(errors[f.name])}</div>' if f.name in errors else "") + "</div>"
-        for f in form.steps[step - 1][1])
+        + (f'<div class="error">{esc(errors[f.name])}</div>' if f.name in errors else "")
+        + "</div>"
+        for f in form.steps[step - 1][1]
+    )
     button = "Next" if step < form.n_pages else form.submit
     # novalidate: the server's messages (shown in the screenshot) are the only validation.
-    body = (f'<form method="post" action="{HOME}{form.fid}?step={step}" novalidate>{fields}'
-            f'<div class="actions">{back}<button type="submit">{esc(button)}</button></div></form>')
+    body = (
+        f'<form method="post" action="{HOME}{form.fid}?step={step}" novalidate>{fields}'
+        f'<div class="actions">{back}<button type="submit">{esc(button)}</button></div></form>'
+    )
     return _page(req, form.title, head + body)

@@ -34,10 +34,21 @@ def template_tasks(t: Template, n: int) -> list[Task]:
         else:
             raise RuntimeError(f"{t.site}/{t.name}: cannot draw {n} distinct tasks")
         seen.add(spec.instruction)
-        tasks.append(Task(task_id=f"sites.{t.site}.{t.name}.{seed:02d}", suite="sites", site=t.site,
-                          template=t.name, difficulty=t.difficulty, instruction=spec.instruction,
-                          start_path=spec.start_path, seed=seed, split=t.split, judge=spec.judge,
-                          oracle=spec.oracle))
+        tasks.append(
+            Task(
+                task_id=f"sites.{t.site}.{t.name}.{seed:02d}",
+                suite="sites",
+                site=t.site,
+                template=t.name,
+                difficulty=t.difficulty,
+                instruction=spec.instruction,
+                start_path=spec.start_path,
+                seed=seed,
+                split=t.split,
+                judge=spec.judge,
+                oracle=spec.oracle,
+            )
+        )
     return tasks
 
 

@@ -121,8 +121,9 @@ def _static(path: str) -> Response:
     f = STATIC / name
     if "/" in name or not f.is_file():
         return Response("Not found", status=404, content_type="text/plain; charset=utf-8")
-    return Response(f.read_text(encoding="utf-8"), content_type="text/css; charset=utf-8",
-                    headers={"Cache-Control": "max-age=3600"})
+    return Response(
+        f.read_text(encoding="utf-8"), content_type="text/css; charset=utf-8", headers={"Cache-Control": "max-age=3600"}
+    )
 
 
 def _index(req: Request) -> Response:

@@ -40,8 +40,18 @@ def _page(req: Request, title: str, body: str, status: int = 200) -> Response:
     n = sum(req.session.cart.values())
     extra = f'{link("/shop/cart", "Cart")}<span class="badge">{n} item{"" if n == 1 else "s"}</span>'
     nav = '<nav class="cats">' + "".join(link(url("/shop/search", category=c), c) for c in CATEGORIES) + "</nav>"
-    return page(req, site="shop", brand=BRAND, home=HOME, title=title, body=body,
-                search=search_box("/shop/search"), extra=extra, nav=nav, status=status)
+    return page(
+        req,
+        site="shop",
+        brand=BRAND,
+        home=HOME,
+        title=title,
+        body=body,
+        search=search_box("/shop/search"),
+        extra=extra,
+        nav=nav,
+        status=status,
+    )
 
 
 def _table(products: list[Product]) -> str:
@@ -55,8 +65,10 @@ def _table(products: list[Product]) -> str:
 
 def _home(req: Request) -> Response:
     featured = [world().in_category(c)[0] for c in CATEGORIES]
-    body = ("<h1>Welcome to ShopMart</h1><p>Search for a product above, or pick a category.</p>"
-            f"<h2>Featured products</h2>{_table(featured)}")
+    body = (
+        "<h1>Welcome to ShopMart</h1><p>Search for a product above, or pick a category.</p>"
+        f"<h2>Featured products</h2>{_table(featured)}"
+    )
     return _page(req, "Home", body)
 
 
@@ -67,8 +79,11 @@ def _matches(p: Product, q: str) -> bool:
 
 def _filtered(req: Request) -> list[Product]:
     q, category, brand = req.arg("q"), req.arg("category"), req.arg("brand")
-    found = [p for p in world().products if _matches(p, q) and (not category or p.category == category)
-             and (not brand or p.brand == brand)]
+    found = [
+        p
+        for p in world().products
+        if _matches(p, q) and (not category or p.category == category) and (not brand or p.brand == brand)
+    ]
     try:
         limit = float(req.arg("max_price").lstrip("$").replace(",", "")) if req.arg("max_price") else None
     except ValueError:
@@ -82,20 +97,25 @@ def _filtered(req: Request) -> list[Product]:
 
 def _filters(req: Request) -> str:
     def options(values: dict[str, str], current: str) -> str:
-        return "".join(f'<option value="{esc(v)}"{" selected" if v == current else ""}>{esc(t)}</option>'
-                       for v, t in values.items())
+        return "".join(
+            f'<option value="{esc(v)}"{" selected" if v == current else ""}>{esc(t)}</option>'
+            for v, t in values.items()
+        )
 
     brands = {"": "All brands", **{b: b for b in BRANDS}}
-    hidden = "".join(f'<input type="hidden" name="{k}" value="{esc(req.arg(k))}">'
-                     for k in ("q", "category") if req.arg(k))
-    return (f'<form class="filters" action="/shop/search" method="get">{hidden}'
-            f'<div><label for="max_price">Max price</label><input id="max_price" name="max_price" '
-            f'aria-label="Max price" placeholder="e.g. 100" value="{esc(req.arg("max_price"))}"></div>'
-            f'<div><label for="brand">Brand</label><select id="brand" name="brand" aria-label="Brand">'
-            f'{options(brands, req.arg("brand"))}</select></div>'
-            f'<div><label for="sort">Sort by</label><select id="sort" name="sort" aria-label="Sort by">'
-            f'{options(SORTS, req.arg("sort") or "price")}</select></div>'
-            '<button type="submit">Apply filters</button></form>')
+    hidden = "".join(
+        f'<input type="hidden" name="{k}" value="{esc(req.arg(k))}">' for k in ("q", "category") if req.arg(k)
+    )
+    return (
+        f'<form class="filters" action="/shop/search" method="get">{hidden}'
+        f'<div><label for="max_price">Max price</label><input id="max_price" name="max_price" '
+        f'aria-label="Max price" placeholder="e.g. 100" value="{esc(req.arg("max_price"))}"></div>'
+        f'<div><label for="brand">Brand</label><select id="brand" name="brand" aria-label="Brand">'
+        f"{options(brands, req.arg('brand'))}</select></div>"
+        f'<div><label for="sort">Sort by</label><select id="sort" name="sort" aria-label="Sort by">'
+        f"{options(SORTS, req.arg('sort') or 'price')}</select></div>"
+        '<button type="submit">Apply filters</button></form>'
+    )
 
 
 def _results(req: Request) -> Response:
@@ -109,13 +129,15 @@ def _results(req: Request) -> Response:
 
 def _product(req: Request, p: Product) -> Response:
     have = req.session.cart.get(p.sku, 0)
-    in_cart = f'<p><b>In your cart: {have}</b></p>' if have else ""
-    body = (f"<h1>{esc(p.name)}</h1><p>Brand: <b>{esc(p.brand)}</b> &middot; Category: "
-            f'{link(url("/shop/search", category=p.category), "All " + p.category)}</p>'
-            f'<p class="price">{p.price_text}</p><p>Rating: {p.rating:.1f} out of 5 ({p.reviews} reviews)</p>'
-            f"<p>The {esc(p.name)} is a dependable pick from {esc(p.brand)}.</p>{in_cart}"
-            f'<form method="post" action="/shop/cart/add"><input type="hidden" name="sku" value="{p.sku}">'
-            '<button type="submit">Add to cart</button></form>')
+    in_cart = f"<p><b>In your cart: {have}</b></p>" if have else ""
+    body = (
+        f"<h1>{esc(p.name)}</h1><p>Brand: <b>{esc(p.brand)}</b> &middot; Category: "
+        f"{link(url('/shop/search', category=p.category), 'All ' + p.category)}</p>"
+        f'<p class="price">{p.price_text}</p><p>Rating: {p.rating:.1f} out of 5 ({p.reviews} reviews)</p>'
+        f"<p>The {esc(p.name)} is a dependable pick from {esc(p.brand)}.</p>{in_cart}"
+        f'<form method="post" action="/shop/cart/add"><input type="hidden" name="sku" value="{p.sku}">'
+        '<button type="submit">Add to cart</button></form>'
+    )
     return _page(req, p.name, body)
 
 
@@ -141,14 +163,21 @@ def _update(req: Request) -> Response:
 
 def _cart_row(p: Product, qty: int) -> str:
     def button(op: str, text: str, label: str) -> str:
-        return (f'<form method="post" action="/shop/cart/update" style="display:inline">'
-                f'<input type="hidden" name="sku" value="{p.sku}"><input type="hidden" name="op" value="{op}">'
-                f'<button type="submit" class="secondary" aria-label="{esc(label)}">{text}</button></form> ')
+        return (
+            f'<form method="post" action="/shop/cart/update" style="display:inline">'
+            f'<input type="hidden" name="sku" value="{p.sku}"><input type="hidden" name="op" value="{op}">'
+            f'<button type="submit" class="secondary" aria-label="{esc(label)}">{text}</button></form> '
+        )
 
-    actions = (button("dec", "&minus;", f"Decrease {p.name}") + button("inc", "+", f"Increase {p.name}")
-               + button("remove", "Remove", f"Remove {p.name}"))
-    return (f"<tr><td>{link(f'/shop/product/{p.sku}', p.name)}</td><td>{p.price_text}</td>"
-            f"<td>{qty}</td><td>${p.price * qty:,.2f}</td><td>{actions}</td></tr>")
+    actions = (
+        button("dec", "&minus;", f"Decrease {p.name}")
+        + button("inc", "+", f"Increase {p.name}")
+        + button("remove", "Remove", f"Remove {p.name}")
+    )
+    return (
+        f"<tr><td>{link(f'/shop/product/{p.sku}', p.name)}</td><td>{p.price_text}</td>"
+        f"<td>{qty}</td><td>${p.price * qty:,.2f}</td><td>{actions}</td></tr>"
+    )
 
 
 def _cart(req: Request) -> Response:
@@ -159,10 +188,12 @@ def _cart(req: Request) -> Response:
     items = [(world().by_sku[s], q) for s, q in cart.items()]
     total = sum(p.price * q for p, q in items)
     rows = "".join(_cart_row(p, q) for p, q in items)
-    body = ("<h1>Your cart</h1><table><tr><th>Product</th><th>Price</th><th>Quantity</th><th>Subtotal</th>"
-            f"<th></th></tr>{rows}<tr><th colspan=3>Total</th><th>${total:,.2f}</th><th></th></tr></table>"
-            '<form method="post" action="/shop/checkout" class="actions"><button type="submit">Checkout</button>'
-            "</form>")
+    body = (
+        "<h1>Your cart</h1><table><tr><th>Product</th><th>Price</th><th>Quantity</th><th>Subtotal</th>"
+        f"<th></th></tr>{rows}<tr><th colspan=3>Total</th><th>${total:,.2f}</th><th></th></tr></table>"
+        '<form method="post" action="/shop/checkout" class="actions"><button type="submit">Checkout</button>'
+        "</form>"
+    )
     return _page(req, "Cart", body)
 
 
@@ -184,6 +215,8 @@ def _order(req: Request, order_id: str) -> Response:
     if order is None:
         return not_found(req, "shop", BRAND, HOME)
     lines = "".join(f"<li>{q} &times; {esc(world().by_sku[s].name)}</li>" for s, q in order["items"].items())
-    body = (f"<h1>Order #{order_id} confirmed</h1><p>Your order has been placed.</p><ul>{lines}</ul>"
-            f"<p>Total paid: <b>${order['total']:,.2f}</b></p><p>{link(HOME, 'Continue shopping')}</p>")
+    body = (
+        f"<h1>Order #{order_id} confirmed</h1><p>Your order has been placed.</p><ul>{lines}</ul>"
+        f"<p>Total paid: <b>${order['total']:,.2f}</b></p><p>{link(HOME, 'Continue shopping')}</p>"
+    )
     return _page(req, f"Order {order_id}", body)

@@ -52,8 +52,9 @@ class SitesSuite:
         if self._tasks is None:
             files = sorted(self.tasks_dir.glob("*.jsonl"))
             if not files:
-                raise FileNotFoundError(f"no task files in {self.tasks_dir}; "
-                                        "run python -m rollout.suites.sites.generate")
+                raise FileNotFoundError(
+                    f"no task files in {self.tasks_dir}; run python -m rollout.suites.sites.generate"
+                )
             self._tasks = [t for f in files for t in load_tasks(f)]
         return [t for t in self._tasks if split is None or t.split == split]
 

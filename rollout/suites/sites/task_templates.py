@@ -68,6 +68,7 @@ def search(name: str) -> list[Step]:
 
 # --- shop -----------------------------------------------------------------------------------------
 
+
 def _cheapest(brand: str, category: str) -> Product:
     return min((p for p in world().in_category(category) if p.brand == brand), key=lambda p: p.price)
 
@@ -82,22 +83,34 @@ def _checkout() -> list[Step]:
 
 def shop_add_item(rng: random.Random) -> Spec:
     p = rng.choice(world().products)
-    return Spec(f"Add the {p.name} to the cart.", "/shop/", {"kind": "cart", "expect": [f"{p.sku}:1"]},
-                _buy(p, 1) + [STOP])
+    return Spec(
+        f"Add the {p.name} to the cart.", "/shop/", {"kind": "cart", "expect": [f"{p.sku}:1"]}, _buy(p, 1) + [STOP]
+    )
 
 
 def shop_price_lookup(rng: random.Random) -> Spec:
     p = rng.choice(world().products)
-    return Spec(f"What is the price of the {p.name}? Answer with the price in dollars.", "/shop/",
-                {"kind": "answer", "expect": f"{p.price:.2f}"}, search(p.name) + [answer(p.price_text)])
+    return Spec(
+        f"What is the price of the {p.name}? Answer with the price in dollars.",
+        "/shop/",
+        {"kind": "answer", "expect": f"{p.price:.2f}"},
+        search(p.name) + [answer(p.price_text)],
+    )
 
 
 def shop_cheapest_brand(rng: random.Random) -> Spec:
     category, brand = rng.choice(list(CATEGORIES)), rng.choice(BRANDS)
     target = _cheapest(brand, category)
     limit = int(target.price) + rng.randint(5, 80)
-    plan = [click(category, "link"), select("Brand", brand), type_("Max price", str(limit)),
-            click("Apply filters", "button"), click(target.name, "link"), click("Add to cart", "button"), STOP]
+    plan = [
+        click(category, "link"),
+        select("Brand", brand),
+        type_("Max price", str(limit)),
+        click("Apply filters", "button"),
+        click(target.name, "link"),
+        click("Add to cart", "button"),
+        STOP,
+    ]
     text = f"Add the cheapest {brand} item in the {category} category that costs under ${limit} to the cart."
     return Spec(text, "/shop/", {"kind": "cart", "expect": [f"{target.sku}:1"]}, plan)
 
@@ -107,31 +120,50 @@ def shop_priciest_under(rng: random.Random) -> Spec:
     ranked = sorted(world().in_category(category), key=lambda p: p.price)
     i = rng.randint(2, len(ranked) - 1)
     limit, target = int(ranked[i].price), ranked[i - 1]  # prices end in .99: ranked[i] is just above
-    plan = [click(category, "link"), type_("Max price", str(limit)), select("Sort by", "Price: high to low"),
-            click("Apply filters", "button"), click(target.name, "link"), click("Add to cart", "button"), STOP]
+    plan = [
+        click(category, "link"),
+        type_("Max price", str(limit)),
+        select("Sort by", "Price: high to low"),
+        click("Apply filters", "button"),
+        click(target.name, "link"),
+        click("Add to cart", "button"),
+        STOP,
+    ]
     text = f"Add the most expensive item in the {category} category that costs less than ${limit} to the cart."
     return Spec(text, "/shop/", {"kind": "cart", "expect": [f"{target.sku}:1"]}, plan)
 
 
 def shop_buy_two(rng: random.Random) -> Spec:
     p, q = rng.sample(world().products, 2)
-    return Spec(f"Buy 2 of the {p.name} and 1 of the {q.name}, then check out.", "/shop/",
-                {"kind": "order", "expect": sorted([f"{p.sku}:2", f"{q.sku}:1"])},
-                _buy(p, 2) + _buy(q, 1) + _checkout())
+    return Spec(
+        f"Buy 2 of the {p.name} and 1 of the {q.name}, then check out.",
+        "/shop/",
+        {"kind": "order", "expect": sorted([f"{p.sku}:2", f"{q.sku}:1"])},
+        _buy(p, 2) + _buy(q, 1) + _checkout(),
+    )
 
 
 def shop_cheapest_plus(rng: random.Random) -> Spec:
     category, brand = rng.choice(list(CATEGORIES)), rng.choice(BRANDS)
     target = _cheapest(brand, category)
     other = rng.choice([p for p in world().products if p.category != category])
-    plan = [click(category, "link"), select("Brand", brand), click("Apply filters", "button"),
-            click(target.name, "link"), click("Add to cart", "button")] + _buy(other, 2) + _checkout()
-    text = (f"Buy the cheapest {brand} item in the {category} category and 2 of the {other.name}, "
-            "then check out.")
+    plan = (
+        [
+            click(category, "link"),
+            select("Brand", brand),
+            click("Apply filters", "button"),
+            click(target.name, "link"),
+            click("Add to cart", "button"),
+        ]
+        + _buy(other, 2)
+        + _checkout()
+    )
+    text = f"Buy the cheapest {brand} item in the {category} category and 2 of the {other.name}, then check out."
     return Spec(text, "/shop/", {"kind": "order", "expect": sorted([f"{target.sku}:1", f"{other.sku}:2"])}, plan)
 
 
 # --- wiki -----------------------------------------------------------------------------------------
+
 
 def _country(name: str) -> Country:
     return world().by_country_name[name]
@@ -144,21 +176,26 @@ def _answer_task(text: str, expect: str, reject: list[str], plan: list[Step]) ->
 
 def wiki_capital(rng: random.Random) -> Spec:
     c = rng.choice(world().countries)
-    return _answer_task(f"What is the capital of {c.name}? Answer with the name.", c.capital,
-                        [_country(n).capital for n in c.borders], search(c.name))
+    return _answer_task(
+        f"What is the capital of {c.name}? Answer with the name.",
+        c.capital,
+        [_country(n).capital for n in c.borders],
+        search(c.name),
+    )
 
 
 def wiki_founded(rng: random.Random) -> Spec:
     c = rng.choice(world().countries)
-    return _answer_task(f"In what year was {c.name} founded? Answer with the year.", str(c.founded), [],
-                        search(c.name))
+    return _answer_task(f"In what year was {c.name} founded? Answer with the year.", str(c.founded), [], search(c.name))
 
 
 def wiki_neighbor_capital(rng: random.Random) -> Spec:
     c = rng.choice(world().countries)
     n = _country(c.borders[0])
-    text = (f"Open the article on {c.name}. What is the capital of the first country listed under "
-            "its 'Borders' section? Answer with the name.")
+    text = (
+        f"Open the article on {c.name}. What is the capital of the first country listed under "
+        "its 'Borders' section? Answer with the name."
+    )
     reject = [c.capital] + [_country(b).capital for b in c.borders[1:]]
     return _answer_task(text, n.capital, reject, search(c.name) + [click(n.name, "link")])
 
@@ -166,8 +203,10 @@ def wiki_neighbor_capital(rng: random.Random) -> Spec:
 def wiki_neighbor_language(rng: random.Random) -> Spec:
     c = rng.choice(world().countries)
     n = _country(c.borders[-1])
-    text = (f"Open the article on {c.name}. Which language is spoken in the last country listed under "
-            "its 'Borders' section? Answer with the language.")
+    text = (
+        f"Open the article on {c.name}. Which language is spoken in the last country listed under "
+        "its 'Borders' section? Answer with the language."
+    )
     reject = [c.language] + [_country(b).language for b in c.borders[:-1]]
     return _answer_task(text, n.language, reject, search(c.name) + [click(n.name, "link")])
 
@@ -191,8 +230,14 @@ FIRST = ["Ada", "Ben", "Chloe", "Dev", "Elena", "Farid", "Grace", "Hiro", "Ines"
 LAST = ["Lovelace", "Okafor", "Nguyen", "Patel", "Rossi", "Schmidt", "Tanaka", "Usman", "Varga", "Weber"]
 STREETS = ["Maple", "Harbor", "Mill", "Station", "Cedar", "Bridge", "Church", "Garden"]
 CITIES = ["Lyon", "Porto", "Osaka", "Calgary", "Bergen", "Malmo", "Nairobi", "Cusco", "Leeds", "Aarhus"]
-MESSAGES = ["My order arrived late", "Please update my billing email", "Do you ship to Iceland",
-            "The product page has a typo", "I would like a paper invoice", "Thanks for the quick help"]
+MESSAGES = [
+    "My order arrived late",
+    "Please update my billing email",
+    "Do you ship to Iceland",
+    "The product page has a typo",
+    "I would like a paper invoice",
+    "Thanks for the quick help",
+]
 
 
 def _person(rng: random.Random) -> tuple[str, str]:
@@ -246,8 +291,7 @@ def forms_signup(rng: random.Random) -> Spec:
 def forms_return_request(rng: random.Random) -> Spec:
     (_, email), order = _person(rng), f"ORD-{rng.randint(10000, 99999)}"
     reason, comment = rng.choice(forms.REASONS), rng.choice(MESSAGES)
-    text = (f'Request a return of order {order} (email {email}) with the reason "{reason}" '
-            f'and the comment "{comment}".')
+    text = f'Request a return of order {order} (email {email}) with the reason "{reason}" and the comment "{comment}".'
     values = {"Order number": order, "Email": email, "Reason": reason, "Comments": comment}
     return _form_task("return", text, values, easy=False)
 
@@ -256,20 +300,40 @@ def forms_job_application(rng: random.Random) -> Spec:
     (name, email), (street, city, country) = _person(rng), _address(rng)
     phone = f"555 {rng.randint(1000, 9999)} {rng.randint(100, 999)}"
     position, years = rng.choice(forms.POSITIONS), str(rng.randint(1, 25))
-    text = (f"Apply for the {position} job as {name} (email {email}, phone {phone}), living at {street}, "
-            f"{city}, {country}, with {years} years of experience.")
-    values = {"Full name": name, "Email": email, "Phone": phone, "Street address": street, "City": city,
-              "Country": country, "Position": position, "Years of experience": years}
+    text = (
+        f"Apply for the {position} job as {name} (email {email}, phone {phone}), living at {street}, "
+        f"{city}, {country}, with {years} years of experience."
+    )
+    values = {
+        "Full name": name,
+        "Email": email,
+        "Phone": phone,
+        "Street address": street,
+        "City": city,
+        "Country": country,
+        "Position": position,
+        "Years of experience": years,
+    }
     return _form_task("job", text, values, easy=False)
 
 
 def forms_event_registration(rng: random.Random) -> Spec:
     (name, email), (street, city, country) = _person(rng), _address(rng)
     ticket, diet, guests = rng.choice(forms.TICKETS), rng.choice(forms.DIETS), str(rng.randint(0, 3))
-    text = (f"Register {name} (email {email}) for the event: a {ticket} ticket, dietary preference {diet}, "
-            f"{guests} guests, billing address {street}, {city}, {country}.")
-    values = {"Full name": name, "Email": email, "Ticket type": ticket, "Dietary preference": diet,
-              "Number of guests": guests, "Street address": street, "City": city, "Country": country}
+    text = (
+        f"Register {name} (email {email}) for the event: a {ticket} ticket, dietary preference {diet}, "
+        f"{guests} guests, billing address {street}, {city}, {country}."
+    )
+    values = {
+        "Full name": name,
+        "Email": email,
+        "Ticket type": ticket,
+        "Dietary preference": diet,
+        "Number of guests": guests,
+        "Street address": street,
+        "City": city,
+        "Country": country,
+    }
     return _form_task("event", text, values, easy=False)
 
 

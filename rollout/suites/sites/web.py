@@ -78,21 +78,44 @@ def link(href: str, text: str) -> str:
 
 def search_box(action: str) -> str:
     # Never prefilled: an agent (or the oracle) that clicks and types must not append to old text.
-    return (f'<form class="search" action="{esc(action)}" method="get" role="search">'
-            '<input type="search" name="q" placeholder="Search" aria-label="Search">'
-            '<button type="submit">Go</button></form>')
+    return (
+        f'<form class="search" action="{esc(action)}" method="get" role="search">'
+        '<input type="search" name="q" placeholder="Search" aria-label="Search">'
+        '<button type="submit">Go</button></form>'
+    )
 
 
-def page(req: Request, *, site: str, brand: str, home: str, title: str, body: str,
-         search: str = "", extra: str = "", nav: str = "", status: int = 200) -> Response:
+def page(
+    req: Request,
+    *,
+    site: str,
+    brand: str,
+    home: str,
+    title: str,
+    body: str,
+    search: str = "",
+    extra: str = "",
+    nav: str = "",
+    status: int = 200,
+) -> Response:
     flashes = "".join(f'<div class="flash {k}" role="status">{esc(t)}</div>' for k, t in req.session.flash)
     req.session.flash.clear()
-    text = _LAYOUT.substitute(title=esc(f"{title} - {brand}"), site=site, home=home, brand=esc(brand),
-                              search=search, extra=extra, nav=nav, flash=flashes, body=body)
+    text = _LAYOUT.substitute(
+        title=esc(f"{title} - {brand}"),
+        site=site,
+        home=home,
+        brand=esc(brand),
+        search=search,
+        extra=extra,
+        nav=nav,
+        flash=flashes,
+        body=body,
+    )
     return Response(text, status=status)
 
 
 def not_found(req: Request, site: str, brand: str, home: str) -> Response:
-    body = (f"<h1>Page not found</h1><p>There is nothing at {esc(req.path)}.</p>"
-            f"<p>{link(home, 'Go to the home page')}</p>")
+    body = (
+        f"<h1>Page not found</h1><p>There is nothing at {esc(req.path)}.</p><p>{link(home, 'Go to the home page')}</p>"
+    )
     return page(req, site=site, brand=brand, home=home, title="Not found", body=body, status=404)

@@ -24,17 +24,60 @@ CATEGORIES: dict[str, tuple[str, int, int]] = {
     "Running Shoes": ("Trail Runner", 40, 210),
 }
 BRANDS = ["Acme", "Borealis", "Cobalt", "Dynamo", "Everline"]
-ADJECTIVES = ["Swift", "Nova", "Quiet", "Aero", "Summit", "Pulse", "Vista", "Echo", "Orbit", "Terra",
-              "Zen", "Flux", "Prime", "Lumen", "Drift", "Core", "Halo", "Ridge", "Spark", "Tide"]
+ADJECTIVES = [
+    "Swift",
+    "Nova",
+    "Quiet",
+    "Aero",
+    "Summit",
+    "Pulse",
+    "Vista",
+    "Echo",
+    "Orbit",
+    "Terra",
+    "Zen",
+    "Flux",
+    "Prime",
+    "Lumen",
+    "Drift",
+    "Core",
+    "Halo",
+    "Ridge",
+    "Spark",
+    "Tide",
+]
 PER_CATEGORY = 10
 """Products per category: every brand gets exactly two, so each brand+category filter has a choice."""
 
-_SYLLABLES = ["val", "dor", "ka", "mir", "tes", "lo", "ran", "bel", "qui", "zar", "os", "te", "nu",
-              "vic", "hal", "mor", "sen", "ta", "gri", "pel", "dru", "ven", "ari", "sol"]
+_SYLLABLES = [
+    "val",
+    "dor",
+    "ka",
+    "mir",
+    "tes",
+    "lo",
+    "ran",
+    "bel",
+    "qui",
+    "zar",
+    "os",
+    "te",
+    "nu",
+    "vic",
+    "hal",
+    "mor",
+    "sen",
+    "ta",
+    "gri",
+    "pel",
+    "dru",
+    "ven",
+    "ari",
+    "sol",
+]
 _COUNTRY_ENDS = ["ia", "land", "ora", "an", "istan", "eth", "ovia", "mark"]
 _CITY_ENDS = ["burg", "holm", " City", "port", "ford", "mouth", "stad", "ville"]
-LANGUAGES = ["Aldic", "Berenese", "Corvish", "Dalmic", "Estran", "Fennic", "Galtic", "Horvan",
-             "Istrian", "Jorvic"]
+LANGUAGES = ["Aldic", "Berenese", "Corvish", "Dalmic", "Estran", "Fennic", "Galtic", "Horvan", "Istrian", "Jorvic"]
 CURRENCIES = ["crown", "mark", "florin", "thaler", "ducat", "real", "shilling", "dinar"]
 REGIONS = ["Northern Reach", "Western Shore", "Central Plains", "Eastern Highlands", "Southern Isles"]
 N_ARTICLES = 30
@@ -110,9 +153,17 @@ def _products(rng: random.Random) -> list[Product]:
         prices = rng.sample(range(lo, hi), PER_CATEGORY)
         ratings = rng.sample(range(25, 50), PER_CATEGORY)
         for adj, brand, price, rating in zip(adjectives, brands, prices, ratings):
-            out.append(Product(sku=f"sku-{len(out) + 1}", name=f"{brand} {adj} {noun}", brand=brand,
-                               category=category, price=price + 0.99, rating=rating / 10,
-                               reviews=rng.randint(3, 900)))
+            out.append(
+                Product(
+                    sku=f"sku-{len(out) + 1}",
+                    name=f"{brand} {adj} {noun}",
+                    brand=brand,
+                    category=category,
+                    price=price + 0.99,
+                    rating=rating / 10,
+                    reviews=rng.randint(3, 900),
+                )
+            )
     return out
 
 
@@ -136,9 +187,17 @@ def _countries(rng: random.Random) -> list[Country]:
     founded = rng.sample(range(820, 1960), N_ARTICLES)
     neighbours = _border_graph(rng, N_ARTICLES)
     return [
-        Country(slug=slugify(name), name=name, capital=capitals[i], population=populations[i] * 1000 + 500,
-                founded=founded[i], language=rng.choice(LANGUAGES), currency=rng.choice(CURRENCIES),
-                region=rng.choice(REGIONS), borders=tuple(names[j] for j in neighbours[i]))
+        Country(
+            slug=slugify(name),
+            name=name,
+            capital=capitals[i],
+            population=populations[i] * 1000 + 500,
+            founded=founded[i],
+            language=rng.choice(LANGUAGES),
+            currency=rng.choice(CURRENCIES),
+            region=rng.choice(REGIONS),
+            borders=tuple(names[j] for j in neighbours[i]),
+        )
         for i, name in enumerate(names)
     ]
 
