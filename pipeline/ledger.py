@@ -368,8 +368,10 @@ class LedgerWriter:
         which drives the rejoin), without the records of those it lost. Filtered before, mid-rebalance,
         the revoked partitions still look held, and a writer without claims would write its successor's
         records again (seen under load)."""
+        dead_lettered = consumer.dead_lettered
         while consumer.rebalancing and not (stop is not None and stop.is_set()):
             batch = self._still_ours(batch, consumer) + consumer.poll(timeout_ms=200)
+        self.stats.dead_lettered += consumer.dead_lettered - dead_lettered  # as `_collect` counts its polls'
         return self._still_ours(batch, consumer)
 
     def _still_ours(self, batch: list[Delivered], consumer: EventConsumer) -> list[Delivered]:
