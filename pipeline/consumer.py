@@ -258,14 +258,6 @@ class EventConsumer:
         return {(tp.topic, tp.partition) for tp in self._kafka.assignment()}
 
     @property
-    def rebalancing(self) -> bool:
-        """Whether this member's partitions were revoked and its new ones are not yet known. Under the
-        eager protocol kafka-python keeps the revoked partitions in `assignment()` until the rejoin
-        completes, so until then `assignment()` cannot say which of them this member still holds."""
-        coordinator, subscription = self._kafka._coordinator, self._kafka._subscription  # no public accessor
-        return bool(coordinator.rejoining) or any(s._pending_revocation for s in subscription.assignment.values())
-
-    @property
     def owns_all_partitions(self) -> bool:
         """Whether this member holds every partition of its topics. After a member crashes, the group
         may first hand out partitions to the survivor and the dead member alike, and only rebalance

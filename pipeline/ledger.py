@@ -294,7 +294,7 @@ class LedgerWriter:
         started = time.monotonic()
         while stop is None or not stop.is_set():
             replacements = consumer.broker_replacements
-            batch = self._settled(self._collect(consumer), consumer, stop)
+            batch = self._collect(consumer)
             rejected = consumer.take_rejected()
             polled = consumer.polled()
             # The log its offsets count in; none when the broker was found replaced meanwhile (the
@@ -362,17 +362,6 @@ class LedgerWriter:
                 self.first_poll = (time.perf_counter(), len(got))
         self.stats.dead_lettered += consumer.dead_lettered - dead_lettered
         return batch
-
-    def _settled(self, batch: list[Delivered], consumer: EventConsumer, stop) -> list[Delivered]:
-        """The batch once a rebalance under way has given this member its partitions (polling meanwhile,
-        which drives the rejoin), without the records of those it lost. Filtered before, mid-rebalance,
-        the revoked partitions still look held, and a writer without claims would write its successor's
-        records again (seen under load)."""
-        dead_lettered = consumer.dead_lettered
-        while consumer.rebalancing and not (stop is not None and stop.is_set()):
-            batch = self._still_ours(batch, consumer) + consumer.poll(timeout_ms=200)
-        self.stats.dead_lettered += consumer.dead_lettered - dead_lettered  # as `_collect` counts its polls'
-        return self._still_ours(batch, consumer)
 
     def _still_ours(self, batch: list[Delivered], consumer: EventConsumer) -> list[Delivered]:
         """The batch without the records of partitions the group has taken away (their next owner reads
