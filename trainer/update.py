@@ -215,19 +215,7 @@ def accumulate_gradients(
             after_backward()
         if s.live:
             lag = torch.tensor([version - v for v in s.token_policy_versions], device=logprobs.device)
-            tokens = dict(
-                logprobs=b.logprobs,
-                proximal=b.proximal,
-                behave=b.behave,
-                advantages=b.advantages,
-                mask=b.mask,
-                weights=b.weights,
-                success=b.success,
-                entropy=b.entropy,
-                reference=b.reference,
-                lag=lag,
-            )
-            live.append((loss.detach(), {k: v.detach() for k, v in tokens.items()}))
+            live.append((loss.detach(), {**b.recorded(), "lag": lag}))
     return to_host(live)
 
 

@@ -30,6 +30,10 @@ if TYPE_CHECKING:
     from trainer.config import TrainConfig
 
 
+RECORDED = ("logprobs", "proximal", "behave", "advantages", "mask", "weights", "success", "entropy", "reference")
+"""The `PolicyBatch` fields a step records for its batch's statistics (the KL inputs are not needed there)."""
+
+
 @dataclass(frozen=True)
 class PolicyBatch:
     """The loss's per-token inputs: one step's response tokens, or a batch's steps concatenated."""
@@ -47,25 +51,15 @@ class PolicyBatch:
     kl_weights: torch.Tensor | None = None
     """[T] w^kl; None leaves the KL penalty out of the loss (kl_coef 0, or a batch's statistics)."""
 
+    def recorded(self) -> dict[str, torch.Tensor]:
+        """The per-token values a batch's statistics are computed from, detached (`concatenated` reads
+        them back once every step's are joined)."""
+        return {k: getattr(self, k).detach() for k in RECORDED}
+
     @classmethod
     def concatenated(cls, tokens: dict[str, torch.Tensor]) -> PolicyBatch:
         """A batch's recorded per-token values (`trainer.update.combine`), for its statistics."""
-        return cls(
-            **{
-                k: tokens[k]
-                for k in (
-                    "logprobs",
-                    "proximal",
-                    "behave",
-                    "advantages",
-                    "mask",
-                    "weights",
-                    "success",
-                    "entropy",
-                    "reference",
-                )
-            }
-        )
+        return cls(**{k: tokens[k] for k in RECORDED})
 
 
 def step_batch(
