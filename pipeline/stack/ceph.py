@@ -110,6 +110,10 @@ pid file = {d}/run/$name.pid
 keyring = {d}/keyring
 [mon.a]
 mon data = {d}/mon
+# A monitor refuses to start below 5% free disk, however many GiB that is (a large shared disk): the
+# stack's few MB of monitor data need no such margin.
+mon data avail crit = 0
+mon data avail warn = 0
 [osd.0]
 osd data = {d}/osd0
 [client.rgw.a]
