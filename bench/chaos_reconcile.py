@@ -67,6 +67,8 @@ class Reconciliation:
     open_past_timeout: int = 0
     """Of `open_groups`, those whose oldest step is outside the staleness bound at the last published
     version: by then the trainer should have trained or dropped them."""
+    open_past_timeout_groups: list[str] = field(default_factory=list)
+    """Those groups, each with its oldest version, announcements and steps in the ledger (to diagnose)."""
     updates: int = 0
     """Updates in a published version's lineage."""
     updates_lost: int = 0
@@ -110,6 +112,7 @@ class Reconciliation:
             f"step: {self.trained_with_missing_step}), dropped {self.dropped} (without a reason: "
             f"{self.dropped_without_reason}; a step never came: {self.dropped_steps_missing}), still open "
             f"{self.open_groups} (past their timeout: {self.open_past_timeout})",
+            *(f"  open past its timeout: {g}" for g in self.open_past_timeout_groups[:5]),
             f"updates in a published version: {self.updates}; not (lost with a killed trainer, or after its "
             f"last version): {self.updates_lost}",
             f"versions published: {self.versions}, without a checkpoint: {self.versions_without_checkpoint}, "
@@ -162,9 +165,15 @@ def reconcile(r: Reconciliation, settings: StackSettings, run_id: str, left: set
     r.open_groups = len(still_open)
     versions = {v["version"] for v in tables["PolicyVersionPublished"] if v["version"] > 0}
     last = max(versions, default=0)
-    r.open_past_timeout = sum(
-        1 for g in still_open if not admissible(_behaviour_versions(completed[g], steps), last, eta)
-    )
+    past = [g for g in still_open if not admissible(_behaviour_versions(completed[g], steps), last, eta)]
+    r.open_past_timeout = len(past)
+    announced = Counter(g["group_id"] for g in tables["GroupCompleted"])
+    r.open_past_timeout_groups = [
+        f"{g} (oldest version {min(_behaviour_versions(completed[g], steps))} at v{last}, announced "
+        f"{announced[g]}x, steps {sum(len(steps.get(t, {})) for t in completed[g]['trajectory_ids'])} of "
+        f"{sum(completed[g]['num_steps'])})"
+        for g in past
+    ]
     store = CheckpointStore.from_settings(settings)
     r.versions = len(versions)
     numbers = Counter(n for n, _ in {(v["version"], v["event_id"]) for v in tables["PolicyVersionPublished"]})

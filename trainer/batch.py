@@ -43,6 +43,8 @@ from trainer.starvation import Starvation
 Partition = tuple[str, int]
 STARVING_LOG_EVERY = 8
 """The trainer's log names the cause of starvation after every this many uninformative drops in a row."""
+WAITING_LOG_S = 60.0
+"""While no batch is ready, the trainer's log says what it holds this often (a wait shows its state)."""
 
 
 log = logging.getLogger("awrl.trainer.batch")
@@ -189,10 +191,13 @@ class BatchBuilder:
 
     def next_batch(self, version: int) -> list[TrainGroup] | None:
         """`groups_per_update` admissible groups, or None after `batch_timeout_s` without one."""
-        t0 = time.monotonic()
+        t0 = said = time.monotonic()
         n = self.config.groups_per_update
         while True:
             self._drop_stale(version)
+            if time.monotonic() - said > WAITING_LOG_S:
+                said = time.monotonic()
+                log.info("waiting %.0fs for a batch at v%d: %s", said - t0, version, self.describe())
             if len(self.ready) >= n:
                 batch, self.ready = self.ready[:n], self.ready[n:]
                 self.stats.wait_s += time.monotonic() - t0
@@ -281,7 +286,7 @@ class BatchBuilder:
         return (
             f"{len(self.ready)} groups ready, {s.groups_trained} trained, dropped {dict(s.dropped)}, "
             f"{self.assembler.repeated} seen before, {len(self.assembler.waiting())} waiting for a step, "
-            f"{len(self.consumer.assignment())} partitions assigned"
+            f"{len(self.consumer.assignment())} partitions assigned, positions {self.consumer.polled()}"
         )
 
     def trained(self, batch: list[TrainGroup]) -> None:
