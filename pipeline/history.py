@@ -3,7 +3,8 @@
 What folds its state from the run's past on start-up (the trainer's resume point, the pool's newest
 version, the dispatcher's admission budget) reads this, not the log alone. A broker that lost its log
 (Tansu in memory) holds only what came after, and an outbox does not send again what the ledger has
-confirmed; every event a producer sent is in at least one of the three.
+confirmed; every event a producer sent is in at least one of the three. The trainer reads the groups
+the log lost from the ledger (`ledger_groups`).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import threading
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 
+import pyarrow.compute as pc
 from pydantic import ValidationError
 
 from pipeline.bus import EventProducer, outbox_path, topic_name
@@ -21,7 +23,7 @@ from pipeline.outbox import Outbox
 from pipeline.s3 import patiently
 from pipeline.settings import StackSettings
 from pipeline.topics import Topic
-from schemas import Event, decode_event, table_to_events
+from schemas import Event, GroupCompleted, StepRecorded, decode_event, table_to_events
 
 
 def sent_events(
@@ -49,6 +51,19 @@ def sent_events(
         finally:
             box.close()
     return list(found.values())
+
+
+def ledger_groups(settings: StackSettings, run_id: str, known: Callable[[str], bool]) -> list[Event]:
+    """The run's announced groups in the ledger that `known` does not name, each announcement after its
+    steps, announcements in the order they were sent: what a consumer of the log alone never sees
+    once a broker lost events the ledger had confirmed (an outbox does not send those again)."""
+    completed = table_to_events(read_events(settings, run_id, "GroupCompleted"), GroupCompleted)
+    wanted = sorted((c for c in completed if not known(c.group_id)), key=lambda c: c.emitted_at)
+    if not wanted:
+        return []
+    where = pc.field("group_id").isin(sorted({c.group_id for c in wanted}))
+    steps = table_to_events(read_events(settings, run_id, "StepRecorded", where=where), StepRecorded)
+    return [*steps, *wanted]
 
 
 def follow_run(

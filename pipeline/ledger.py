@@ -80,9 +80,15 @@ def _own_folder(root: str, path: str) -> bool:
     return path[len(root) :].lstrip("/").startswith("_")
 
 
-def read_events(settings: StackSettings, run_id: str, event_type: str, columns: list[str] | None = None) -> pa.Table:
-    """All ledger events of one type in one run, each `event_id` once; an empty table (same schema)
-    when there are none yet.
+def read_events(
+    settings: StackSettings,
+    run_id: str,
+    event_type: str,
+    columns: list[str] | None = None,
+    where: pc.Expression | None = None,
+) -> pa.Table:
+    """All ledger events of one type in one run (those `where` selects), each `event_id` once; an empty
+    table (same schema) when there are none yet.
 
     Files are listed explicitly rather than read as a directory, so a temporary (`*.tmp`) being written by
     the writer at this moment is never read half-finished.
@@ -91,7 +97,7 @@ def read_events(settings: StackSettings, run_id: str, event_type: str, columns: 
     files = list_parquet(fs, f"{root}/run_id={run_id}/event_type={event_type}")
     dataset = ds.dataset(files, schema=arrow_schema(BY_NAME[event_type]), format="parquet", filesystem=fs)
     keyed = columns is not None and "event_id" not in columns
-    table = dataset.to_table(columns=[*columns, "event_id"] if keyed else columns)
+    table = dataset.to_table(columns=[*columns, "event_id"] if keyed else columns, filter=where)
     table = first_of_each(table)
     return table.drop_columns(["event_id"]) if keyed else table
 

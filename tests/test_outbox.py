@@ -470,3 +470,62 @@ def test_a_trainer_resumes_from_its_past_after_the_broker_lost_its_log(stack, se
     assert curriculum.state()[0].episodes == 8  # two groups of 4, each once
     assert (latest.version, first.version, skip) == (2, 0, {"g1"})
     assert sorted(getattr(e, "version", -1) for e in seen) == [-1, 0, 1, 2] and len({e.event_id for e in seen}) == 4
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("source", ["log and ledger", "log alone"])
+def test_a_group_the_broker_lost_after_the_ledger_confirmed_it_is_trained_from_the_ledger(
+    stack, settings, tmp_path, monkeypatch, source
+):
+    """A trainer behind the ledger: g0's events were acknowledged and written by the ledger writer (so
+    its producer's outbox never sends them again), and the broker lost its log before the trainer
+    read them. Finding the broker replaced, the batch builder reads g0 from the ledger and hands it
+    out whole, once. The control reads the log alone and never sees g0 (in the chaos soak, such
+    groups stayed open past their timeout)."""
+    from pipeline.hashing import sha256_hex
+    from pipeline.store import ScreenshotStore
+    from trainer import batch as batching
+    from trainer.config import TrainConfig
+
+    from samples import render_page, sample_group
+
+    kafka = start_tansu(tmp_path, port=None)
+    own = LocalStack(data_dir=tmp_path, services=[kafka], kafka_bootstrap=f"127.0.0.1:{kafka.port}", s3=stack.s3)
+    settings = settings.model_copy(
+        update={"kafka_bootstrap": own.kafka_bootstrap, "ledger_uri": str(tmp_path / "ledger")}
+    )
+    if source == "log alone":
+        monkeypatch.setattr(batching, "ledger_groups", lambda *args: [])
+    run_id = f"lost-{uuid.uuid4().hex[:6]}"
+    store = ScreenshotStore.from_settings(settings)
+    store.ensure_bucket()
+    store.put(png := render_page(run_id, size=(320, 240)))
+    events = list(sample_group(run_id, "g0", [sha256_hex(png)], group_size=3, steps=2, seed=3))
+    config = TrainConfig(run_id=run_id, groups_per_update=1, dynamic_sampling=False, batch_timeout_s=2)
+    try:
+        create_topics(settings)
+        trainer = EventProducer(settings, client_id="trainer")
+        builder = batching.BatchBuilder(settings, config, trainer)
+        assert builder.next_batch(0) is None  # joined, read the (empty) ledger, and now falls behind
+        pool = EventProducer(settings, client_id="pool")
+        pool.publish_all(events)
+        pool.close()
+        LedgerWriter(settings).sync(idle_exit_s=2)
+        own.restart("kafka", crash=True)
+        create_topics(settings)
+        batches = []
+        for _ in range(30):  # budgeted in batch timeouts: until the builder has found the broker replaced
+            batches.append(builder.next_batch(0))
+            if builder.consumer.broker_replacements and len(batches) > 2:
+                break
+        assert builder.consumer.broker_replacements == 1
+        handed_out = [g for b in batches if b for g in b]
+        if source == "log and ledger":
+            assert [g.group_id for g in handed_out] == ["g0"]
+            assert [len(t) for t in handed_out[0].trajectories] == handed_out[0].completed.num_steps
+        else:
+            assert handed_out == []
+        builder.close()
+        trainer.close()
+    finally:
+        own.down()

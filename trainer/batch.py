@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 
 from pipeline.bus import EventProducer
 from pipeline.consumer import Delivered, EventConsumer
+from pipeline.history import ledger_groups
 from pipeline.settings import StackSettings
 from pipeline.store import ScreenshotCorrupted, ScreenshotMissing, ScreenshotStore
 from pipeline.topics import ROLLOUT
@@ -44,7 +45,12 @@ Partition = tuple[str, int]
 STARVING_LOG_EVERY = 8
 """The trainer's log names the cause of starvation after every this many uninformative drops in a row."""
 WAITING_LOG_S = 60.0
-"""While no batch is ready, the trainer's log says what it holds this often (a wait shows its state)."""
+"""While no batch is ready, the trainer says what it holds this often, and looks in the ledger for
+groups the broker's log lost."""
+LEDGER_AGAIN_S = 30.0
+"""After the broker was found replaced, the ledger is read at once and again this much later."""
+LEDGER: Partition = ("ledger", 0)
+"""Where the groups read back from the ledger count as delivered: no broker offset to commit."""
 
 
 log = logging.getLogger("awrl.trainer.batch")
@@ -141,6 +147,11 @@ class GroupAssembler:
             return None
         return self._hand_out(self._pending.pop(group_id))
 
+    def knows(self, group_id: str) -> bool:
+        """The group was handed out (or trained or dropped before a restart), or is announced and waits."""
+        pending = self._pending.get(group_id)
+        return group_id in self._done or (pending is not None and pending.completed is not None)
+
     def waiting(self) -> list[GroupCompleted]:
         """Groups announced complete that still wait for a step (a resend the announcement overtook)."""
         return [p.completed for p in self._pending.values() if p.completed is not None]
@@ -185,19 +196,28 @@ class BatchBuilder:
         self.consumer = EventConsumer(settings, config.group_id, [ROLLOUT], producer, client_id="trainer")
         self.store = ScreenshotStore.from_settings(settings)
         self.assembler = GroupAssembler(config.run_id, config.control, config.grpo.scale_by_std, done=skip)
+        self.settings = settings
         self.ready: list[TrainGroup] = []
         self.stats = BuilderStats()
         self.starvation = Starvation()
+        self._replacements: int | None = None
+        """The consumer's count of brokers found replaced when the ledger was last read (None: never)."""
+        self._read_again_at = float("inf")
+        """When to read the ledger once more after a replacement: the writers may still have been
+        writing what they had read from the lost log."""
 
     def next_batch(self, version: int) -> list[TrainGroup] | None:
         """`groups_per_update` admissible groups, or None after `batch_timeout_s` without one."""
         t0 = said = time.monotonic()
         n = self.config.groups_per_update
         while True:
+            if self._replacements != self.consumer.broker_replacements or time.monotonic() > self._read_again_at:
+                self._read_ledger(version)
             self._drop_stale(version)
             if time.monotonic() - said > WAITING_LOG_S:
                 said = time.monotonic()
                 log.info("waiting %.0fs for a batch at v%d: %s", said - t0, version, self.describe())
+                self._read_ledger(version)  # a group confirmed by the ledger just before the log went
             if len(self.ready) >= n:
                 batch, self.ready = self.ready[:n], self.ready[n:]
                 self.stats.wait_s += time.monotonic() - t0
@@ -207,6 +227,23 @@ class BatchBuilder:
                 return None
             for d in self.consumer.poll(timeout_ms=500):
                 self._accept(d, version)
+
+    def _read_ledger(self, version: int) -> None:
+        """Fold in the groups of the run the ledger has and this builder never saw: on start and after
+        the broker was found replaced (its log lost, with events the outboxes will not send again),
+        and while it waits. Groups also on their way in the log count once (by group id and step)."""
+        replaced = self._replacements not in (None, self.consumer.broker_replacements)
+        self._replacements = self.consumer.broker_replacements
+        self._read_again_at = time.monotonic() + LEDGER_AGAIN_S if replaced else float("inf")
+        try:
+            events = ledger_groups(self.settings, self.config.run_id, self.assembler.knows)
+        except Exception as exc:  # noqa: BLE001 - a store outage: read it again at the next wait
+            log.warning("reading the ledger for groups the log lost: %s", exc)
+            return
+        for offset, event in enumerate(events):
+            self._accept(Delivered(event, *LEDGER, offset), version)
+        if events:
+            log.info("read %d events of groups not seen in the log from the ledger", len(events))
 
     def _accept(self, d: Delivered, version: int) -> None:
         group = self.assembler.add(d.event, (d.topic, d.partition), d.offset)
@@ -299,7 +336,7 @@ class BatchBuilder:
     def commit(self) -> None:
         """Commit consumed positions (after the drops are acknowledged, so none is lost)."""
         self.producer.flush(timeout=60)
-        self.consumer.commit(self.assembler.committable())
+        self.consumer.commit({p: o for p, o in self.assembler.committable().items() if p != LEDGER})
 
     def close(self) -> None:
         self.consumer.close()
