@@ -9,6 +9,7 @@ signalling it, so a recycled PID of somebody else's process is never killed.
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import signal
 import socket
@@ -63,9 +64,34 @@ def require_binary(path: str | os.PathLike, hint: str) -> str:
 
 
 def free_port() -> int:
-    with socket.socket() as s:
+    """A port free now, drawn below the kernel's ephemeral range. A port from that range (what
+    `bind(0)` returns) can be handed by the kernel to any outgoing connection or `bind(0)` (torchrun's
+    rendezvous, gloo, a client) between this probe and the server's own bind: seen as EADDRINUSE on the
+    trainer's weight-push port. Drawn with the system's randomness, so processes seeded alike still
+    draw apart."""
+    low = _ephemeral_low()
+    for _ in range(200):
+        port = _draw.randrange(10000, low)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as s:  # that range is full: the kernel's choice
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+_draw = random.SystemRandom()
+
+
+def _ephemeral_low() -> int:
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    return low if low > 11000 else 32768
 
 
 def ensure_port_free(port: int, service: str) -> None:
