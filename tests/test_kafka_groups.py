@@ -206,5 +206,9 @@ def test_a_join_that_outlives_its_poll_is_finished_by_the_next(settings, monkeyp
         admin.close()
     if pending == "counts as needed":
         assert topics == {rollout, late} and not joining
+    elif topics == {rollout, late}:
+        # The library's bug needs its join to outlive every one of the 200 polls; on a loaded machine
+        # the join can also be answered within one, and then there is nothing for the control to show.
+        pytest.skip("the library's join was answered within a poll this time: the control did not reproduce")
     else:
         assert topics == {rollout} and joining, "the control should have stayed mid-rebalance"

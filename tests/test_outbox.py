@@ -115,7 +115,10 @@ def test_three_broker_kills_lose_nothing_with_the_outbox(stack, settings, tmp_pa
         run_bare,
         note="acknowledged, then lost with the broker's memory",
     )
-    assert row.lost == 0 and row.duplicated == 0 and resent > 0
+    assert row.lost == 0 and row.duplicated == 0 and resent > 0, (
+        f"{row}; still in the outbox when the wait ended: {left}; waited without progress "
+        f"{time.monotonic() - since:.0f} s (outbox, ledger rows) {seen}"
+    )
     assert left == 0  # the ledger's receipts confirmed every event: the outbox does not grow
     assert control.lost > 0 and control.duplicated == 0  # the fault was real, and the test can see a loss
 

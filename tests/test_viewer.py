@@ -197,14 +197,20 @@ def test_a_screenshot_renders_the_stored_pixels(viewed, page):
 
 
 def test_the_trajectory_table_filters_by_outcome(viewed, page):
+    from playwright.sync_api import expect
+
     settings, run_id, base, _ = viewed
     counts = _ids(settings, run_id)["counts"]
     page.goto(f"{base}/runs/{run_id}")
     assert page.locator("#trajectory-table tr").count() - 1 == sum(counts.values())
     for outcome in ("failure", "success", "env_error"):
         page.click(f"#outcome-filter >> text={outcome} (")
-        cells = page.locator("#trajectory-table td.outcome").all_inner_texts()
-        assert cells == [outcome] * counts[outcome], outcome
+        # The page filters after the click: wait for it (a loaded machine read the cells before it had).
+        cells = page.locator("#trajectory-table td.outcome")
+        if counts[outcome]:
+            expect(cells).to_have_text([outcome] * counts[outcome], timeout=60_000)
+        else:
+            expect(cells).to_have_count(0, timeout=60_000)
 
 
 def test_the_memory_highlight_matches_the_drift_key_sets(viewed, page):
