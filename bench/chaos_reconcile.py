@@ -165,11 +165,12 @@ def reconcile(r: Reconciliation, settings: StackSettings, run_id: str, left: set
     r.open_groups = len(still_open)
     versions = {v["version"] for v in tables["PolicyVersionPublished"] if v["version"] > 0}
     last = max(versions, default=0)
-    past = [g for g in still_open if not admissible(_behaviour_versions(completed[g], steps), last, eta)]
+    oldest = {g: min(_behaviour_versions(completed[g], steps)) for g in still_open}
+    past = [g for g in still_open if not admissible([oldest[g]], last, eta)]
     r.open_past_timeout = len(past)
     announced = Counter(g["group_id"] for g in tables["GroupCompleted"])
     r.open_past_timeout_groups = [
-        f"{g} (oldest version {min(_behaviour_versions(completed[g], steps))} at v{last}, announced "
+        f"{g} (oldest version {oldest[g]} at v{last}, announced "
         f"{announced[g]}x, steps {sum(len(steps.get(t, {})) for t in completed[g]['trajectory_ids'])} of "
         f"{sum(completed[g]['num_steps'])})"
         for g in past
