@@ -19,6 +19,7 @@ from kafka.errors import (
     CommitFailedError,
     IllegalGenerationError,
     KafkaConnectionError,
+    KafkaError,
     KafkaTimeoutError,
     RebalanceInProgressError,
     UnknownMemberIdError,
@@ -109,8 +110,11 @@ class EventConsumer:
         self._rejected: list[Rejected] = []
         self._cluster_id: str | None = None
         self.broker_replacements = 0
-        self.failed_commits = 0
         """Times the broker came back with a new cluster id (its log lost) and we re-read from the start."""
+        self.failed_commits = 0
+        self._confirmed_connections: list[object] = []
+        self.unconfirmed = 0
+        """Records fetched over a new connection whose broker could not be identified yet: fetched again."""
         # Short session timeout: the group forms in ~3 s instead of ~23 s (measured against the
         # local broker); heartbeats keep a slow handler's member alive.
         self._kafka = KafkaConsumer(
@@ -152,6 +156,8 @@ class EventConsumer:
             return []
         if self._broker_replaced():
             return []
+        if any(batches.values()) and not self._same_broker(batches):
+            return []
         out: list[Delivered] = []
         rejected = []
         for tp, records in batches.items():
@@ -188,6 +194,30 @@ class EventConsumer:
             self._kafka.seek_to_beginning(*self._kafka.assignment())
         self.broker_replacements += replaced
         return replaced
+
+    def _same_broker(self, batches) -> bool:
+        """Whether records fetched over a connection opened since the cluster id was last read come from
+        the broker that id names. The fetcher reconnects on its own and can fetch from a replaced broker
+        at the old log's position before the client's metadata names the new broker (seen under load):
+        such records would skip the new log's first ones. The cluster id is read again first; records
+        that cannot be placed are fetched again."""
+        # no public accessor; copied at once (the IO thread changes it), held so no id is reused
+        connections = list(self._kafka._manager._conns.copy().values())
+        if {id(c) for c in connections} <= {id(c) for c in self._confirmed_connections}:
+            return True
+        try:
+            for _ in range(2):  # one already under way may have been asked of the broker before
+                update = self._kafka._cluster.request_update()
+                self._kafka._net.run(self._kafka._manager.wait_for, update, 10_000)
+        except KafkaError as exc:
+            log.warning("could not read the cluster id to place fetched records (fetching them again): %s", exc)
+            self.unconfirmed += sum(map(len, batches.values()))
+            for tp, records in batches.items():
+                if records:
+                    self._kafka.seek(tp, records[0].offset)
+            return False
+        self._confirmed_connections = connections
+        return not self._broker_replaced()
 
     def take_rejected(self) -> list[Rejected]:
         """The messages dead-lettered since the last call (the ledger keeps them durably)."""

@@ -16,6 +16,7 @@ import uuid
 
 import pyarrow.fs as pafs
 import pytest
+from kafka.errors import KafkaError
 
 from pipeline.bus import EventProducer, create_topics
 from pipeline.ledger import LedgerWriter
@@ -280,12 +281,23 @@ def test_offsets_of_a_lost_log_are_never_committed_past_what_the_new_log_handed_
         # request, with 4), so the key's partition may change.
         lost_log = {(topic, p): offset for (topic, _), offset in lost_log.items() for p in range(ROLLOUT.partitions)}
         own.restart("kafka", crash=True)
+        # The interleaving CI met under load: the fetcher reconnects and fetches at the old log's
+        # position before the reader's metadata names the new broker. Metadata is held back until then.
+        cluster = reader._kafka._cluster
+        cluster.update_metadata = lambda _: cluster.failed_update(KafkaError("held back by the test"))
         create_topics(settings)
         producer.close()
         producer = EventProducer(settings)
         producer.publish_all(steps(20))
+        held = []
+        for _ in range(300):
+            held += reader.poll(timeout_ms=500, max_records=5)
+            if held or reader.unconfirmed:
+                break
+        assert not held and reader.unconfirmed, (held, reader.unconfirmed)  # fetched, not handed out
+        del cluster.update_metadata
         new = []
-        for _ in range(300):  # the first poll finds the broker replaced and starts the new log over
+        for _ in range(300):  # the next poll finds the broker replaced and starts the new log over
             new += reader.poll(timeout_ms=500, max_records=5)
             if new:
                 break
