@@ -16,7 +16,7 @@ PYTEST_ARGS ?=
 XDIST := -n 2 --dist loadscope --no-loadscope-reorder
 DEMO_ARGS ?=
 
-.PHONY: setup system test test-fast lint demo bench clean vllm-env
+.PHONY: setup system test test-fast lint demo bench clean vllm-env images
 
 setup: system $(VENV)/.installed
 
@@ -59,6 +59,18 @@ demo: setup
 
 bench: setup
 	$(BIN)/python bench/bus_and_store.py
+
+# The compose images from Debian's packages and PyPI only, for a machine that can pull no registry image
+# (then `docker compose -f docker-compose.yml -f docker-compose.local.yml up --no-build`). Debian's docker
+# CLI builds with the engine's own BuildKit; a CLI without the buildx plugin cannot.
+IMAGE_TAG ?= dev
+DOCKER ?= $(shell [ -x /usr/bin/docker ] && echo /usr/bin/docker || echo docker)
+BUILD := DOCKER_BUILDKIT=1 $(DOCKER) build --network host
+images:
+	$(SUDO) env DOCKER_HOST=$${DOCKER_HOST:-} docker/base.sh asyncwebrl-base:bookworm
+	$(BUILD) -f docker/Dockerfile --target app --build-arg BASE_IMAGE=asyncwebrl-base:bookworm \
+		--build-arg TORCH_BUILD=base -t asyncwebrl:$(IMAGE_TAG) .
+	$(BUILD) --target s3 --build-arg APP_IMAGE=asyncwebrl:$(IMAGE_TAG) -t asyncwebrl-s3:$(IMAGE_TAG) docker/local
 
 clean:
 	-$(BIN)/awrl stack down

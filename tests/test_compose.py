@@ -229,6 +229,12 @@ def test_build_context_installs_and_imports(tmp_path):
     # The console script `awrl` is declared and installed (its shebang is pip's interpreter, so it is
     # run below through the venv's own python instead).
     assert "app.cli" in (site / "bin" / "awrl").read_text()
+    # Every file of the packages that is not Python is installed with them: the views' SQL was not,
+    # and only an install outside the checkout shows it (the compose demo failed on it).
+    packages = {"schemas", "pipeline", "model", "app", "rollout", "trainer", "assets", "analysis"}
+    data = [p for p in sent if p.split("/")[0] in packages and not p.endswith(".py")]
+    assert any(p.startswith("analysis/sql/") for p in data)
+    assert [p for p in data if not (site / p).exists()] == []
 
     outside = tmp_path / "elsewhere"
     outside.mkdir()

@@ -64,7 +64,7 @@ class S3Credentials:
     secret_key: str
 
 
-def _conf(d: Path, st: dict, rgw_port: int) -> str:
+def _conf(d: Path, st: dict, rgw_port: int, bind: str) -> str:
     if st["durable"]:
         # No `bluestore block path`: bluestore then creates osd0/block as a plain sparse file, so
         # 8 GiB costs only what is written (a path there would become a symlink to itself).
@@ -117,7 +117,7 @@ mon data avail warn = 0
 [osd.0]
 osd data = {d}/osd0
 [client.rgw.a]
-rgw frontends = beast endpoint=127.0.0.1:{rgw_port} tcp_nodelay=1
+rgw frontends = beast endpoint={bind}:{rgw_port} tcp_nodelay=1
 rgw data = {d}/rgw
 rgw thread pool size = 64
 rgw gc obj min wait = 0
@@ -187,21 +187,29 @@ def s3_healthy(creds: S3Credentials) -> bool:
 
 
 def start_ceph_s3(
-    data_dir: Path, *, durable: bool, rgw_port: int | None = None, timeout: float = 90.0
+    data_dir: Path,
+    *,
+    durable: bool,
+    rgw_port: int | None = None,
+    timeout: float = 90.0,
+    bind: str = "127.0.0.1",
+    keys: tuple[str, str] | None = None,
 ) -> tuple[S3Credentials, list[ServiceProc]]:
     """Start mon, OSD and radosgw for `data_dir`; return S3 credentials and the daemons we started.
 
     A durable directory that was fully initialised before is restarted as is (same cluster, objects
-    and credentials); anything else is wiped and created anew with fresh random keys.
+    and credentials); anything else is wiped and created anew with fresh random keys, or `keys`
+    (access, secret) where given. `bind`: the address radosgw listens on (the other daemons stay on
+    127.0.0.1); a container that other containers reach gives 0.0.0.0.
     """
     bins = {n: require_binary(shutil.which(n) or f"/usr/bin/{n}", _HINT) for n in _BINARIES}
     d = Path(data_dir).resolve()
     d.mkdir(parents=True, exist_ok=True)
     deadline = time.monotonic() + timeout
-    st, fresh = _state(d, durable, rgw_port)
+    st, fresh = _state(d, durable, rgw_port, keys)
     rgw_port = _rgw_port(st, rgw_port)
     conf = d / "ceph.conf"
-    conf.write_text(_conf(d, st, rgw_port))
+    conf.write_text(_conf(d, st, rgw_port, bind))
     for sub in ("mon", "osd0", "rgw", "run", "log"):
         (d / sub).mkdir(exist_ok=True)
     as_root = ["--setuser", "root", "--setgroup", "root"] if os.geteuid() == 0 else []
@@ -221,7 +229,7 @@ def start_ceph_s3(
     return creds, procs
 
 
-def _state(d: Path, durable: bool, rgw_port: int | None) -> tuple[dict, bool]:
+def _state(d: Path, durable: bool, rgw_port: int | None, keys: tuple[str, str] | None) -> tuple[dict, bool]:
     """The cluster's recorded state and whether it is created anew (then `d` is wiped and new keys drawn)."""
     st = json.loads((d / _STATE).read_text()) if (d / _STATE).exists() else None
     if st is not None and st["durable"] and not durable:
@@ -238,8 +246,8 @@ def _state(d: Path, durable: bool, rgw_port: int | None) -> tuple[dict, bool]:
         "mon_port": _free_port_except(rgw_port),
         "rgw_port": None,
         "durable": durable,
-        "access_key": secrets.token_hex(10).upper(),
-        "secret_key": secrets.token_urlsafe(30),
+        "access_key": keys[0] if keys else secrets.token_hex(10).upper(),
+        "secret_key": keys[1] if keys else secrets.token_urlsafe(30),
     }, True
 
 
