@@ -112,7 +112,8 @@ class EventConsumer:
         self.broker_replacements = 0
         """Times the broker came back with a new cluster id (its log lost) and we re-read from the start."""
         self.failed_commits = 0
-        self._confirmed_connections: list[object] = []
+        self._confirmed: dict[int, object] = {}
+        """The connections the cluster id was last read over, by id (held, so that no id is reused)."""
         self.unconfirmed = 0
         """Records fetched over a new connection whose broker could not be identified yet: fetched again."""
         # Short session timeout: the group forms in ~3 s instead of ~23 s (measured against the
@@ -201,9 +202,9 @@ class EventConsumer:
         at the old log's position before the client's metadata names the new broker (seen under load):
         such records would skip the new log's first ones. The cluster id is read again first; records
         that cannot be placed are fetched again."""
-        # no public accessor; copied at once (the IO thread changes it), held so no id is reused
-        connections = list(self._kafka._manager._conns.copy().values())
-        if {id(c) for c in connections} <= {id(c) for c in self._confirmed_connections}:
+        # no public accessor; copied at once (the IO thread changes it)
+        connections = {id(c): c for c in self._kafka._manager._conns.copy().values()}
+        if connections.keys() <= self._confirmed.keys():
             return True
         try:
             for _ in range(2):  # one already under way may have been asked of the broker before
@@ -216,7 +217,7 @@ class EventConsumer:
                 if records:
                     self._kafka.seek(tp, records[0].offset)
             return False
-        self._confirmed_connections = connections
+        self._confirmed = connections
         return not self._broker_replaced()
 
     def take_rejected(self) -> list[Rejected]:

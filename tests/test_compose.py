@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+import tomllib
 from pathlib import Path
 
 import compose
@@ -231,7 +232,8 @@ def test_build_context_installs_and_imports(tmp_path):
     assert "app.cli" in (site / "bin" / "awrl").read_text()
     # Every file of the packages that is not Python is installed with them: the views' SQL was not,
     # and only an install outside the checkout shows it (the compose demo failed on it).
-    packages = {"schemas", "pipeline", "model", "app", "rollout", "trainer", "assets", "analysis"}
+    find = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]
+    packages = {pattern.rstrip("*") for pattern in find["include"]}
     data = [p for p in sent if p.split("/")[0] in packages and not p.endswith(".py")]
     assert any(p.startswith("analysis/sql/") for p in data)
     assert [p for p in data if not (site / p).exists()] == []
