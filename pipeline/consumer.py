@@ -152,7 +152,9 @@ class EventConsumer:
         health.beat()
         try:
             batches = self._kafka.poll(timeout_ms=timeout_ms, max_records=max_records)
-        except KafkaTimeoutError as exc:  # the client's IO loop wedged (kafka_waits): poll again
+        except (KafkaTimeoutError, KafkaConnectionError) as exc:
+            # the client's IO loop wedged (kafka_waits), or the broker is down mid-restart: poll again
+            # (uncaught, the connection error killed a ledger writer's thread: seen in the broker-kills test)
             log.warning("poll: %s", exc)
             return []
         if self._broker_replaced():
