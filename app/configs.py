@@ -27,7 +27,7 @@ import tyro
 import yaml
 
 from app.errors import ConfigError
-from app.learning import LearningConfig, controlled
+from app.learning import READING_ANCHOR, READING_TRAIN, READING_UPDATES, LearningConfig, controlled
 from app.output import Format
 from app.training import RunConfig
 from pipeline.settings import stack_dir
@@ -132,11 +132,21 @@ PRESETS: dict[type, dict[str, Callable[[], Any]]] = {
     LearningConfig: {
         "demo": lambda: DEMO,
         "controlled": lambda: controlled("", Path(".awrl/learning")),
+        "colour": lambda: controlled(
+            "",
+            Path(".awrl/learning"),
+            target="colour",
+            rl_updates=READING_UPDATES,
+            rl_minutes=40.0,
+            train=READING_TRAIN,
+            anchor_coef=READING_ANCHOR,
+        ),
     },
 }
 """`--config NAME`: the configurations the project studies, by name (bench/RESULTS.md uses them).
-`controlled` is the controlled learning test (tests/test_learning.py); with
-`--train.control shuffled_rewards` it is its negative control."""
+`controlled` is the controlled task with a constant target (`red`); `colour` the one that needs the
+instruction, with the SFT anchor: the controlled learning test (tests/test_learning.py). With
+`--train.control shuffled_rewards` either is its negative control."""
 COMMANDS: dict[str, type] = {
     "demo": DemoCommand,
     "run": RunCommand,

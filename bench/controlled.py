@@ -60,7 +60,7 @@ def main(
     from analysis.curves import compare_versions_png, success_by_version
     from analysis.probe import colour_probe
     from analysis.replay import parse_values, set_fields
-    from app.learning import _published, controlled, controlled_warm_start, run_learning
+    from app.learning import _published, controlled, controlled_warm_start, run_learning, share_demonstrations
     from pipeline.checkpoints import CheckpointStore
     from pipeline.s3 import remove_bucket
     from pipeline.store import ScreenshotStore
@@ -82,7 +82,7 @@ def main(
                     own = settings.model_copy(update={"s3_bucket": f"awrl-{run_id}"})
                     ScreenshotStore.from_settings(own).ensure_bucket()
                     if anchor_coef:
-                        _copy_demonstration_screenshots(settings, own, f"{warm_start_run}-demos")
+                        share_demonstrations(settings, own, warm_start_run)
                     config = controlled(
                         run_id,
                         d,
@@ -151,16 +151,6 @@ def main(
         f"collapses: {len(collapsed)} of {len(real)} runs {collapsed}; smallest rise "
         f"{min(r['change'] for r in real):+.2f} (the goal: >= +0.40 on every run)"
     )
-
-
-def _copy_demonstration_screenshots(settings, own, run_id: str) -> None:
-    """The anchor's demonstrations' screenshots into a run's own bucket: its trainer reads screenshots
-    there only, and the demonstrations were recorded into the shared one."""
-    from pipeline.store import ScreenshotStore
-    from trainer.sft import demonstrations
-
-    hashes = {h for s in demonstrations(settings, [run_id]) for h in s.screenshot_sha256}
-    ScreenshotStore.from_settings(own).put_many(ScreenshotStore.from_settings(settings).get_many(hashes).values())
 
 
 if __name__ == "__main__":

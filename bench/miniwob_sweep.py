@@ -6,8 +6,9 @@ One fresh local stack. The first arm runs the whole learning loop (untrained eva
 demonstrations, SFT, the SFT evaluation, async RL, the RL evaluation); every later arm starts RL from
 the same SFT model and is compared with the same SFT point (`LearningConfig.sft_measured_by`), so the
 arms differ only in their RL configuration. Prints each arm's RL-over-SFT difference with its
-two-proportion z, and the share of invalid actions in each evaluation (a worn output format), and
-writes bench/out/miniwob_sweep.json and bench/out/miniwob_sweep.png.
+two-proportion z and its paired interval (every point runs the same instances), RL over the best
+sharpening baseline (the SFT model sampled at another temperature), and the share of invalid actions
+in each evaluation (a worn output format), and writes bench/out/miniwob_sweep.json and bench/out/miniwob_sweep.png.
 """
 
 from __future__ import annotations
@@ -39,6 +40,12 @@ ARMS: dict[str, list[str]] = {
     "kl-0.3": ["--train.kl-coef", "0.3"],
     # WebGym's N_i = 1/|tau_i|: a long failure weighs as much as a short success, not 2-3 times more
     "per-trajectory": ["--train.grpo.normalizer", "per_trajectory"],
+    # the recipe that made `colour` read its instruction: the gradient on the action's values only,
+    # 8 optimizer steps a version at lr 3e-4, no KL penalty, the SFT anchor (PPO-ptx) holding the rest
+    "anchored": [
+        *("--anchor-coef", "1.0", "--train.tokens.pg", "action", "--train.kl-coef", "0"),
+        *("--train.lr", "3e-4", "--train.ppo-epochs", "4", "--train.minibatches", "2"),
+    ],
 }
 """Each arm as the `awrl demo` flags that launch it on its own: the sweep parses them with the CLI's own
 parser, so an arm here is exactly the command printed for it."""
@@ -83,7 +90,10 @@ def main(
                 config = replace(config, run_id=f"sweep-{name}", out_dir=Path(d) / "learning")
                 if first is not None:  # RL from the first arm's SFT model, compared with its SFT point
                     config = replace(
-                        config, warm_start=config.out_dir / first.run_id / "sft", sft_measured_by=first.run_id
+                        config,
+                        warm_start=config.out_dir / first.run_id / "sft",
+                        sft_measured_by=first.run_id,
+                        warm_start_run=first.run_id,  # the anchor's demonstrations (an anchored arm)
                     )
                 curve = run_learning(settings, config, say=console.print)
                 first = first or curve
@@ -135,6 +145,8 @@ def _report(results, first, rl_minutes: float, eval_episodes: int, invalid: dict
         "RL",
         "RL - SFT",
         "z",
+        "paired 95% CI",
+        "RL - best sharpening",
         "invalid (SFT -> RL)",
         "RL episodes",
         "versions",
@@ -155,6 +167,9 @@ def _report(results, first, rl_minutes: float, eval_episodes: int, invalid: dict
             "trainer_idle": curve.rl.trainer_idle,
             "invalid_share": invalid.get(rl.eval_run_id),
         }
+        paired = [f"{d.ci95[0]:+.3f} to {d.ci95[1]:+.3f}" for d in curve.differences[:1]]
+        sharper = [f"{d.diff:+.3f} ({d.ci95[0]:+.3f} to {d.ci95[1]:+.3f})" for d in curve.differences[1:2]]
+        out["arms"][name]["differences"] = [str(d) for d in curve.differences]
         shares = (invalid.get(sft.eval_run_id, float("nan")), invalid.get(rl.eval_run_id, float("nan")))
         table.add_row(
             name,
@@ -162,6 +177,8 @@ def _report(results, first, rl_minutes: float, eval_episodes: int, invalid: dict
             f"{rl.rate:.3f}",
             f"{diff:+.3f}",
             f"{z:.2f}",
+            (paired or ["-"])[0],
+            (sharper or ["-"])[0],
             f"{shares[0]:.2f} -> {shares[1]:.2f}",
             str(curve.rl.episodes),
             str(curve.rl.version),
