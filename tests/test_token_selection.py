@@ -69,6 +69,8 @@ def test_select_tokens_hand_made():
     assert pg.all() and kl.all()
     pg, kl = select_tokens(TokenSelection(pg="action", kl="scaffold"), entropy, lambda: action)
     assert pg.tolist() == action and kl.tolist() == [not a for a in action]
+    pg, kl = select_tokens(TokenSelection(pg="action", kl="action"), entropy, lambda: action)
+    assert pg.tolist() == action and kl.tolist() == action
     # top 40% of 5 tokens by entropy = ceil(2.0) = 2: the tokens of entropy 0.9 and 0.8
     pg, _ = select_tokens(TokenSelection(pg="entropy", entropy_share=0.4), entropy, lambda: action)
     assert pg.tolist() == [False, True, False, False, True]
@@ -142,7 +144,8 @@ def test_the_gradient_reaches_only_the_action_tokens():
 
 def test_scaffold_kl_leaves_the_action_tokens_free():
     """KL to a reference only on the scaffold: with the advantage 0, the only gradient is the KL's, and
-    a reference that differs on the action tokens alone pulls nothing back."""
+    a reference that differs on the action tokens alone pulls nothing back; the KL on the action's
+    tokens only (or on all) pulls them."""
     sample, images = _sample(advantage=0.0)
     p = _policy()
     selected = torch.tensor(decision_token_mask(p.tokenizer, sample.response_token_ids))
@@ -152,9 +155,16 @@ def test_scaffold_kl_leaves_the_action_tokens_free():
         ((_, inputs),) = scorer.samples([sample])
         own, _ = score(model, inputs, len(sample.response_token_ids), scorer.suppress, 1.0)
     reference = [torch.where(selected, own - 1.0, own)]  # differs from pi_theta on the action tokens only
-    for kl, moved in (("scaffold", False), ("all", True)):
+    scaffold_only = [torch.where(selected, own, own - 1.0)]  # differs on the scaffold only
+    for kl, ref, moved in (
+        ("scaffold", reference, False),
+        ("all", reference, True),
+        ("action", reference, True),
+        ("action", scaffold_only, False),
+        ("scaffold", scaffold_only, True),
+    ):
         model.zero_grad()
         config = TrainConfig(run_id="r", kl_coef=1.0, tokens=TokenSelection(pg="action", kl=kl))
-        accumulate_gradients(scorer, [sample], 1, 0, config, reference=reference)
+        accumulate_gradients(scorer, [sample], 1, 0, config, reference=ref)
         norm = sum(float(q.grad.abs().sum()) for q in model.parameters() if q.grad is not None)
         assert (norm > 0) == moved, (kl, norm)

@@ -15,6 +15,10 @@ that a larger budget made into collapse (bench/RESULTS.md). The options:
   forking tokens; training on the top 20% alone matched or beat all tokens).
 - `kl="scaffold"`: the KL penalty only on the tokens that carry no policy gradient, so the reference
   anchors the format while the decision is free to move.
+- `kl="action"`: the KL penalty only on the policy-gradient tokens, the complement, for use with the SFT
+  anchor (`trainer.losses.anchor`), which holds every other token but leaves the decision's
+  distribution free to sharpen from noise alone (measured: a `colour` run whose groups turned
+  all-equal without following the colour word, bench/RESULTS.md).
 
 With `pg` other than `all`, a step's objective is normalised by its selected tokens (|o| in
 `trainer.losses.grpo` becomes their count), so each step keeps its whole weight in the batch.
@@ -37,8 +41,9 @@ class TokenSelection:
     highest-entropy `entropy_share` of each step's."""
     entropy_share: float = 0.2
     """With `pg="entropy"`: the share of each step's tokens kept (at least one)."""
-    kl: Literal["all", "scaffold"] = "all"
-    """Tokens of the KL penalty (`kl_coef`): every token, or those outside the policy gradient."""
+    kl: Literal["all", "scaffold", "action"] = "all"
+    """Tokens of the KL penalty (`kl_coef`): every token, those outside the policy gradient, or those of
+    the policy gradient only."""
 
     def __post_init__(self) -> None:
         if not 0 < self.entropy_share <= 1:
@@ -66,4 +71,4 @@ def select_tokens(
         k = max(1, math.ceil(config.entropy_share * n))
         pg = torch.zeros(n, dtype=torch.bool, device=entropy.device)
         pg[torch.topk(entropy, k).indices] = True  # [n]
-    return pg, (every if config.kl == "all" else ~pg)
+    return pg, {"all": every, "scaffold": ~pg, "action": pg}[config.kl]
