@@ -55,6 +55,7 @@ VIEWS: tuple[str, ...] = (
     "evaluations",
     "success_by_version",
     "runs",
+    "verdicts",
 )
 """Derived views, in creation order; each is `analysis/sql/<name>.sql`."""
 

@@ -167,6 +167,7 @@ def rollout(ctx: typer.Context) -> None:
             "episodes": stats.episodes,
             "success": stats.successes / max(stats.episodes, 1),
             "env_errors": stats.env_errors,
+            "judge_errors": stats.judge_errors,
             "steps": stats.steps,
             "steps_per_s": stats.steps_per_s,
         },

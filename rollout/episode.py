@@ -2,7 +2,9 @@
 
 Every step becomes a `StepRecorded` (pixels go to the store by hash first, so no event ever names a
 screenshot that was not stored). Browser failures end the episode as `env_error` with the reason; the
-caller restarts the browser. Running out of horizon is an ordinary failure, as in the papers.
+caller restarts the browser. Running out of horizon is an ordinary failure, as in the papers. With a
+model judge (`EpisodeConfig.judge`), its verdict on the finished trajectory is the reward, recorded
+with the rule judge's beside it (`TrajectoryJudged`); no verdict ends the episode as `judge_error`.
 """
 
 from __future__ import annotations
@@ -12,13 +14,15 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Literal
 
 from rollout.actions import describe, parse_response
 from rollout.browser import BrowserWorker
 from rollout.execute import BrowserScreen
+from rollout.judges import JUDGE_VERSION, JudgeInput, Judgement, ModelJudge, ModelJudgeConfig
 from rollout.types import Policy, Screen, Suite, Verdict
-from schemas import EpisodeFinished, EpisodeStarted, Event, StepMark, StepRecorded, StepTimings
+from schemas import EpisodeFinished, EpisodeStarted, Event, StepMark, StepRecorded, StepTimings, TrajectoryJudged
 from schemas.observation import Observation, PastStep, Task
 
 
@@ -40,6 +44,11 @@ class EpisodeConfig:
     """Reward of a failed episode with a malformed action (output that is not an action, or a mark not
     on the screen). Below a wrong click's 0, it ranks a well-formed mistake above lost format, so
     that RL keeps the format it is given and a group that fails alike in different ways still teaches."""
+    judge: Literal["rule", "model"] = "rule"
+    """Which judge gives the reward: the suite's rule, or the model judge (`model_judge`), whose verdict
+    is recorded with the rule's beside it (`TrajectoryJudged`, the `verdicts` view)."""
+    model_judge: ModelJudgeConfig = field(default_factory=ModelJudgeConfig)
+    """The model judge's endpoint, model, screenshots and prompt (`rollout.judges`), when `judge` is model."""
 
 
 MALFORMED = frozenset({"invalid_action", "no_such_mark"})
@@ -59,6 +68,8 @@ class EpisodeContext:
     refresh: Callable[[], Awaitable[None]]
     """Called between steps: loads a newer policy version in place if one was published."""
     config: EpisodeConfig
+    judge: ModelJudge | None = None
+    """The model judge that gives the reward (`config.judge` model); None: the suite's rule."""
 
 
 async def run_episode(ctx: EpisodeContext, task: Task, group_id: str) -> EpisodeFinished:
@@ -68,6 +79,7 @@ async def run_episode(ctx: EpisodeContext, task: Task, group_id: str) -> Episode
     steps = 0
     started = False
     recorded = [0, 0]  # steps emitted so far (also when the browser dies mid-episode), malformed ones
+    seen = Seen(deque(maxlen=max(ctx.config.model_judge.screenshots, 1)))
 
     def start(instruction: str) -> None:
         nonlocal started
@@ -87,7 +99,7 @@ async def run_episode(ctx: EpisodeContext, task: Task, group_id: str) -> Episode
         instruction = await asyncio.wait_for(ctx.suite.reset(screen.page, task), ctx.config.step_timeout_s)
         await screen.settle()
         start(instruction)
-        verdict, answer = await _loop(ctx, screen, task, instruction, ids, recorded)
+        verdict, answer = await _loop(ctx, screen, task, instruction, ids, recorded, seen)
         steps = verdict[1]
         outcome = "success" if verdict[0].success else "failure"
         reason = verdict[0].reason
@@ -100,10 +112,50 @@ async def run_episode(ctx: EpisodeContext, task: Task, group_id: str) -> Episode
     finally:
         if screen is not None:
             await screen.close()
+    if ctx.judge is not None and outcome != "env_error":  # judged with the browser already released
+        seen_input = JudgeInput(instruction, answer, seen.history, list(seen.screenshots))
+        outcome, reason = await _model_verdict(ctx, ids, verdict[0], seen_input)
     reward = 1.0 if outcome == "success" else ctx.config.malformed_reward if recorded[1] else 0.0
     finished = EpisodeFinished(**ids, outcome=outcome, reward=reward, num_steps=steps, reason=reason, answer=answer)
     ctx.emit(finished)
     return finished
+
+
+@dataclass
+class Seen:
+    """What a judge sees of the trajectory as it runs: the last screenshots, and one line per step."""
+
+    screenshots: deque[bytes]
+    history: list[str] = field(default_factory=list)
+
+
+async def _model_verdict(ctx: EpisodeContext, ids: dict, rule: Verdict, inp: JudgeInput) -> tuple[str, str]:
+    """The model judge's (outcome, reason); both verdicts recorded, the rule's for agreement only."""
+    judged = await ctx.judge.judge(inp)
+    ctx.emit(_judged(ids, "rule", Judgement(rule.success, rule.reason), gives_reward=False))
+    ctx.emit(_judged(ids, "model", judged, gives_reward=True, judge=ctx.judge))
+    if judged.success is None:
+        return "judge_error", judged.reason
+    return ("success" if judged.success else "failure"), judged.reason
+
+
+def _judged(ids: dict, name: str, j: Judgement, gives_reward: bool, judge: ModelJudge | None = None):
+    return TrajectoryJudged(
+        **ids,
+        judge=name,
+        judge_version=JUDGE_VERSION if judge is not None else "rule",
+        gives_reward=gives_reward,
+        success=j.success,
+        reason=j.reason,
+        model=judge.config.model if judge is not None else "",
+        prompt_sha256=judge.prompt_sha256 if judge is not None else "",
+        response_text=_encodable(j.response_text),
+        error=j.error,
+        attempts=j.attempts,
+        latency_s=j.latency_s,
+        prompt_tokens=j.prompt_tokens,
+        completion_tokens=j.completion_tokens,
+    )
 
 
 async def _open(ctx: EpisodeContext) -> Screen:
@@ -113,7 +165,9 @@ async def _open(ctx: EpisodeContext) -> Screen:
     return await BrowserScreen.open(ctx.worker)
 
 
-async def _loop(ctx: EpisodeContext, screen: Screen, task: Task, instruction: str, ids: dict, recorded: list[int]):
+async def _loop(
+    ctx: EpisodeContext, screen: Screen, task: Task, instruction: str, ids: dict, recorded: list[int], seen: Seen
+):
     cfg = ctx.config
     history: list[PastStep] = []
     memory: dict[str, str] = {}
@@ -125,6 +179,7 @@ async def _loop(ctx: EpisodeContext, screen: Screen, task: Task, instruction: st
         png, marks = await asyncio.wait_for(screen.observe(cfg.som), cfg.step_timeout_s)
         sha = await ctx.put_screenshot(png)
         shots.append((png, sha))
+        seen.screenshots.append(png)
         obs = Observation(
             instruction=instruction,
             screenshots=[s[0] for s in shots],
@@ -176,6 +231,7 @@ async def _loop(ctx: EpisodeContext, screen: Screen, task: Task, instruction: st
         recorded[0] += 1
         recorded[1] += done.error_class in MALFORMED
         history.append(PastStep(parsed.thought, parsed.memory, describe(parsed.action), done.feedback))
+        seen.history.append(f"{step + 1}. {parsed.thought} | {describe(parsed.action)} | {done.feedback}")
         memory, feedback = parsed.memory, done.feedback
         if parsed.action.kind in ("answer", "stop"):
             answer = parsed.action.text if parsed.action.kind == "answer" else ""

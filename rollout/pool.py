@@ -30,6 +30,7 @@ from pipeline.topics import TASKS, TRAINER
 from rollout.browser import BrowserConfig, BrowserWorker
 from rollout.episode import EpisodeConfig, EpisodeContext, run_episode
 from rollout.episode_journal import EpisodeJournal, reap
+from rollout.judges import ModelJudge
 from rollout.types import Policy, Suite
 from schemas import (
     EpisodeFinished,
@@ -69,6 +70,8 @@ class PoolStats:
     episodes: int = 0
     successes: int = 0
     env_errors: int = 0
+    judge_errors: int = 0
+    """Episodes the model judge gave no verdict on (`judge_error`: their groups are dropped)."""
     steps: int = 0
     groups: int = 0
     screenshots_uploaded: int = 0
@@ -110,6 +113,7 @@ class RolloutPool:
     def __init__(self, settings: StackSettings, suites: dict[str, Suite], policy: Policy, config: PoolConfig):
         self.settings, self.suites, self.policy, self.config = settings, suites, policy, config
         self.stats = PoolStats()
+        self.judge = ModelJudge(config.episode.model_judge) if config.episode.judge == "model" else None
         self.producer = EventProducer(settings, client_id="rollout")
         self.store = ScreenshotStore.from_settings(settings)
         self._tasks = {(s.name, t.task_id): t for s in suites.values() for t in s.tasks()}
@@ -183,6 +187,7 @@ class RolloutPool:
                 put_screenshot=self._put_screenshot,
                 refresh=self._refresh,
                 config=self.config.episode,
+                judge=self.judge,
             )
             await self._catch_up(group.dispatch.dispatched_at_version)
             t0 = time.perf_counter()
@@ -230,6 +235,7 @@ class RolloutPool:
         s.steps += f.num_steps
         s.successes += f.outcome == "success"
         s.env_errors += f.outcome == "env_error"
+        s.judge_errors += f.outcome == "judge_error"
         if self._on_progress:
             self._on_progress(self)
 

@@ -275,7 +275,7 @@ class _progress:
             self.p.update(
                 task,
                 description=(
-                    f"episodes {s.episodes}  success {rate:.2f}  env_err {s.env_errors}  "
+                    f"episodes {s.episodes}  success {rate:.2f}  env_err {s.env_errors}  judge_err {s.judge_errors}  "
                     f"steps/s {s.steps_per_s:.2f}  policy v{pool.policy.version}  "
                     f"dispatch paused {s.dispatch_paused_s:.0f}s"
                 ),

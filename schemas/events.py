@@ -22,7 +22,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainSeriali
 from schemas.actions import Action
 from schemas.arrow import Int64
 
-SCHEMA_VERSION = 9
+SCHEMA_VERSION = 10
 """2: GroupDropped; UpdateApplied timings and staleness; PolicyVersionPublished lineage.
 3: EvaluationCompleted (a learning curve's points).
 4: UpdateApplied.memory (per-rank bytes of the sharded trainer; null in older files).
@@ -30,9 +30,12 @@ SCHEMA_VERSION = 9
 6: GroupDropped.mean_reward and .invalid_share (why a run starves; null in older files).
 7: PolicyVersionLoaded (how a sampler got each version); PolicyVersionPublished.push_s.
 8: StepRecorded.marks and .marks_drawn (the Set-of-Mark elements of each screen; empty in older files).
-9: EvaluationCompleted.temperature, .samples and .invalid_share (a paired evaluation; null in older files)."""
+9: EvaluationCompleted.temperature, .samples and .invalid_share (a paired evaluation; null in older files).
+10: TrajectoryJudged (a model judge's verdicts, and the rule's beside them); the outcome `judge_error`."""
 Sha256 = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
-Outcome = Literal["success", "failure", "env_error"]
+Outcome = Literal["success", "failure", "env_error", "judge_error"]
+"""`judge_error`: the judge that gives the reward could not say (down, refusing, unparseable after its
+retries); the group is dropped with that reason, never counted as a success or a failure."""
 
 
 def packed_bytes(value: str, itemsize: int) -> bytes:
@@ -233,6 +236,40 @@ class EpisodeFinished(Event):
     answer: str | None = None
 
 
+class TrajectoryJudged(Event):
+    """One judge's verdict on one trajectory (`rollout.judges`). A run whose reward comes from a model
+    judge records the model's verdict and the rule judge's beside it, so agreement and reward hacking
+    are queries (`verdicts` view); replay reads the rewards from `EpisodeFinished`, never the judge."""
+
+    event_type: Literal["TrajectoryJudged"] = "TrajectoryJudged"
+    topic: ClassVar[str] = "rollout"
+    trajectory_id: str
+    group_id: str
+    task_id: str
+    judge: str
+    """`rule` (the suite's own judge) or `model`."""
+    judge_version: str
+    """The judge's code version: a change that can change verdicts bumps it."""
+    gives_reward: bool
+    """This judge's verdict is the trajectory's reward (`EpisodeConfig.judge`)."""
+    success: bool | None
+    """The verdict; None when the judge could not give one (`error`)."""
+    reason: str
+    model: str = ""
+    """The model that judged (empty for the rule judge)."""
+    prompt_sha256: str = ""
+    """sha256 of the prompt template (empty for the rule judge): verdicts of different prompts differ."""
+    response_text: str = ""
+    """The model's whole answer, as parsed (the last attempt's)."""
+    error: str | None = None
+    """Why there is no verdict, after `attempts` tries."""
+    attempts: Int64 = 1
+    latency_s: float = 0.0
+    """Wall time of the judging, retries and back-off included."""
+    prompt_tokens: Int64 | None = None
+    completion_tokens: Int64 | None = None
+
+
 class GroupCompleted(Event):
     """All G episodes of a task group ended; the group is ready for advantages and training."""
 
@@ -336,13 +373,20 @@ class GroupDropped(Event):
     group_id: str
     task_id: str
     reason: Literal[
-        "stale", "uninformative", "no_tokens", "screenshot_corrupted", "screenshot_missing", "steps_missing"
+        "stale",
+        "uninformative",
+        "no_tokens",
+        "screenshot_corrupted",
+        "screenshot_missing",
+        "steps_missing",
+        "judge_error",
     ]
     """`stale`: a token older than the staleness bound; `uninformative`: all rewards equal (dynamic
     sampling); `no_tokens`: no step carries model tokens (scripted policies); `screenshot_corrupted`:
     a stored screenshot no longer hashes to its key; `screenshot_missing`: one is not in the store;
     `steps_missing`: the group was announced complete but a step it names had not arrived when its
-    oldest version left the staleness bound (`trainer.batch`).
+    oldest version left the staleness bound (`trainer.batch`); `judge_error`: the judge that gives the
+    reward gave no verdict on one of its trajectories (`rollout.judges`).
     (New values need no `SCHEMA_VERSION` bump: the column stays a string and old files hold old values.)"""
     trainer_version: Int64 = Field(ge=0)
     """The trainer's version when it dropped the group."""
@@ -424,6 +468,7 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     EpisodeStarted,
     StepRecorded,
     EpisodeFinished,
+    TrajectoryJudged,
     GroupCompleted,
     UpdateApplied,
     PolicyVersionPublished,

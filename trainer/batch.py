@@ -249,7 +249,9 @@ class BatchBuilder:
         group = self.assembler.add(d.event, (d.topic, d.partition), d.offset)
         if group is None:
             return
-        if not group.has_tokens:
+        if "judge_error" in group.completed.outcomes:  # no verdict is not a failure: never trained on
+            self._drop(group, "judge_error", version)
+        elif not group.has_tokens:
             self._drop(group, "no_tokens", version)
         elif not self._informative(group):
             self._drop(group, "uninformative", version)

@@ -327,13 +327,13 @@ def _openai_message(msg: dict) -> dict:
     if isinstance(msg["content"], str):
         return msg
     parts = [
-        {"type": "image_url", "image_url": {"url": _data_url(p["image"])}} if p["type"] == "image" else p
+        {"type": "image_url", "image_url": {"url": data_url(p["image"])}} if p["type"] == "image" else p
         for p in msg["content"]
     ]
     return {"role": msg["role"], "content": parts}
 
 
-def _data_url(image: bytes) -> str:
+def data_url(image: bytes) -> str:
     mime = "image/jpeg" if image[:3] == b"\xff\xd8\xff" else "image/webp" if image[8:12] == b"WEBP" else "image/png"
     return f"data:{mime};base64,{base64.b64encode(image).decode()}"
 
