@@ -25,7 +25,7 @@ import typer
 import typer.core
 from rich.markup import escape
 
-from app import analysis_cli, run_cli, runs_cli, stack_cli, view_cli
+from app import analysis_cli, judge_cli, run_cli, runs_cli, stack_cli, view_cli
 from app.errors import ConfigError, user_error
 from app.output import errors
 
@@ -59,6 +59,7 @@ run_cli.register(app)
 stack_cli.register(app)
 runs_cli.register(app)
 analysis_cli.register(app)
+judge_cli.register(app)
 view_cli.register(app)
 
 

@@ -20,9 +20,9 @@ from typing import Literal
 from rollout.actions import describe, parse_response
 from rollout.browser import BrowserWorker
 from rollout.execute import BrowserScreen
-from rollout.judges import JUDGE_VERSION, JudgeInput, Judgement, ModelJudge, ModelJudgeConfig
+from rollout.judges import JudgeInput, Judgement, ModelJudge, ModelJudgeConfig, history_line, judged_event
 from rollout.types import Policy, Screen, Suite, Verdict
-from schemas import EpisodeFinished, EpisodeStarted, Event, StepMark, StepRecorded, StepTimings, TrajectoryJudged
+from schemas import EpisodeFinished, EpisodeStarted, Event, StepMark, StepRecorded, StepTimings
 from schemas.observation import Observation, PastStep, Task
 
 
@@ -132,30 +132,11 @@ class Seen:
 async def _model_verdict(ctx: EpisodeContext, ids: dict, rule: Verdict, inp: JudgeInput) -> tuple[str, str]:
     """The model judge's (outcome, reason); both verdicts recorded, the rule's for agreement only."""
     judged = await ctx.judge.judge(inp)
-    ctx.emit(_judged(ids, "rule", Judgement(rule.success, rule.reason), gives_reward=False))
-    ctx.emit(_judged(ids, "model", judged, gives_reward=True, judge=ctx.judge))
+    ctx.emit(judged_event(ids, "rule", Judgement(rule.success, rule.reason), gives_reward=False))
+    ctx.emit(judged_event(ids, "model", judged, gives_reward=True, judge=ctx.judge))
     if judged.success is None:
         return "judge_error", judged.reason
     return ("success" if judged.success else "failure"), judged.reason
-
-
-def _judged(ids: dict, name: str, j: Judgement, gives_reward: bool, judge: ModelJudge | None = None):
-    return TrajectoryJudged(
-        **ids,
-        judge=name,
-        judge_version=JUDGE_VERSION if judge is not None else "rule",
-        gives_reward=gives_reward,
-        success=j.success,
-        reason=j.reason,
-        model=judge.config.model if judge is not None else "",
-        prompt_sha256=judge.prompt_sha256 if judge is not None else "",
-        response_text=_encodable(j.response_text),
-        error=j.error,
-        attempts=j.attempts,
-        latency_s=j.latency_s,
-        prompt_tokens=j.prompt_tokens,
-        completion_tokens=j.completion_tokens,
-    )
 
 
 async def _open(ctx: EpisodeContext) -> Screen:
@@ -231,7 +212,7 @@ async def _loop(
         recorded[0] += 1
         recorded[1] += done.error_class in MALFORMED
         history.append(PastStep(parsed.thought, parsed.memory, describe(parsed.action), done.feedback))
-        seen.history.append(f"{step + 1}. {parsed.thought} | {describe(parsed.action)} | {done.feedback}")
+        seen.history.append(history_line(step, parsed.thought, describe(parsed.action), done.feedback))
         memory, feedback = parsed.memory, done.feedback
         if parsed.action.kind in ("answer", "stop"):
             answer = parsed.action.text if parsed.action.kind == "answer" else ""

@@ -31,6 +31,7 @@ from string import Template
 from tenacity import AsyncRetrying, retry_if_not_exception_type, stop_after_attempt, wait_exponential
 
 from rollout.policy.vllm_client import data_url
+from schemas import TrajectoryJudged
 
 log = logging.getLogger("awrl.judge")
 
@@ -102,6 +103,12 @@ class Judgement:
     latency_s: float = 0.0
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
+
+
+def history_line(step: int, thought: str, action: str, feedback: str) -> str:
+    """One step as the judge reads it (the episode's and `awrl rejudge`'s alike): `action` is
+    `rollout.actions.describe`'s text."""
+    return f"{step + 1}. {thought} | {action} | {feedback}"
 
 
 class UnparseableVerdict(ValueError):
@@ -217,3 +224,25 @@ def _content(reply: dict) -> str:
 
 def _describe(exc: BaseException | None) -> str:
     return f"{type(exc).__name__}: {(str(exc) or '-').splitlines()[0][:300]}"
+
+
+def judged_event(
+    ids: dict, name: str, j: Judgement, gives_reward: bool, judge: ModelJudge | None = None
+) -> TrajectoryJudged:
+    """`j` as the event that records it; `ids`: run, trajectory, group and task ids; `judge` None: the rule."""
+    return TrajectoryJudged(
+        **ids,
+        judge=name,
+        judge_version=JUDGE_VERSION if judge is not None else "rule",
+        gives_reward=gives_reward,
+        success=j.success,
+        reason=j.reason,
+        model=judge.config.model if judge is not None else "",
+        prompt_sha256=judge.prompt_sha256 if judge is not None else "",
+        response_text=j.response_text.encode("utf-8", "replace").decode("utf-8"),  # no lone surrogate
+        error=j.error,
+        attempts=j.attempts,
+        latency_s=j.latency_s,
+        prompt_tokens=j.prompt_tokens,
+        completion_tokens=j.completion_tokens,
+    )

@@ -7,6 +7,7 @@ rule, so that every count here is exact."""
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
 
 import pytest
@@ -98,11 +99,11 @@ class _Clicks:
         return None
 
 
-def _episode(server: JudgeServer | None, mark: int, template: str = "red") -> list:
+def _episode(server: JudgeServer | None, mark: int, template: str = "red", store=None) -> list:
     from rollout.episode import EpisodeConfig, EpisodeContext, run_episode
 
     async def put(png: bytes) -> str:
-        return "0" * 64
+        return "0" * 64 if store is None else await asyncio.to_thread(store.put, png)
 
     async def nothing() -> None:
         return None
@@ -202,3 +203,48 @@ def test_a_group_with_a_judge_error_is_dropped_by_the_trainer_with_that_reason(s
         producer.close()
     drops = [e for e in trainer_events(settings, run_id) if isinstance(e, GroupDropped)]
     assert [(d.group_id, d.reason) for d in drops] == [("g0", "judge_error")]
+
+
+def test_rejudge_judges_a_recorded_run_again_offline_and_agreement_reads_it(settings, tmp_path):
+    """`awrl rejudge` on a run the rule judged (its events on the real broker, its screenshots in the
+    store, folded into the ledger): the new verdicts land beside the rule's, and a rule-following model
+    judge agrees with it exactly in `awrl agreement`."""
+    import subprocess
+    import sys
+
+    from pipeline.bus import EventProducer
+    from pipeline.ledger import LedgerWriter
+    from pipeline.store import ScreenshotStore
+
+    from test_rollout import stack_env
+
+    run_id = f"rejudged-{uuid.uuid4().hex[:6]}"
+    store = ScreenshotStore.from_settings(settings)
+    events = [
+        e.model_copy(update={"run_id": run_id})
+        for m, template in ((0, "red"), (1, "red"), (1, "blue"), (2, "red"), (3, "colour"))
+        for e in _episode(None, m, template, store=store)
+    ]
+    producer = EventProducer(settings)
+    producer.publish_all(events)
+    producer.close()
+    LedgerWriter(settings).sync(idle_exit_s=3.0)
+
+    def awrl(*args: str) -> str:
+        out = subprocess.run(
+            [sys.executable, "-m", "app.cli", *args, "--format", "json"],
+            env=stack_env(settings),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert out.returncode == 0, out.stderr[-2000:]
+        return out.stdout
+
+    with JudgeServer("rule") as server:
+        (summary,) = json.loads(awrl("rejudge", run_id, "--url", server.url, "--model", "rule-judge"))
+    assert (summary["trajectories"], summary["judge_errors"]) == (5, 0) and server.requests == 5
+    rows = {r["task_family"]: r for r in json.loads(awrl("agreement", "model", "rule", "--run", run_id))}
+    assert rows["(all)"]["trajectories"] == 5 and rows["(all)"]["accuracy"] == 1.0
+    rewards = [e.reward for e in events if isinstance(e, EpisodeFinished)]
+    assert sum(rewards) == rows["(all)"]["true_positives"] == 2  # red 0 and blue 1 were right

@@ -1,8 +1,25 @@
--- Every judge's verdict on every trajectory (TrajectoryJudged), with the trajectory's task family and
--- the policy versions that acted in it. A run whose reward comes from a model judge has two rows a
--- trajectory: the model's (`gives_reward`) and the rule's, recorded beside it for agreement.
--- `success` is NULL where the judge gave no verdict (`error` says why: the episode ended judge_error).
+-- Every judge's verdict on every trajectory. A trajectory the rule judge rewarded has its verdict in
+-- EpisodeFinished (success or failure; not the environment's errors); a model judge's run records the
+-- model's verdict (`gives_reward`) and the rule's beside it as TrajectoryJudged, and `awrl rejudge`
+-- adds verdicts of another judge to a recorded run the same way (giving no reward).
+-- `success` is NULL where a judge gave no verdict (`error` says why: the episode ended judge_error).
 CREATE OR REPLACE VIEW verdicts AS
+WITH judged AS (
+    SELECT run_id, trajectory_id, group_id, task_id, judge, judge_version, model, prompt_sha256, gives_reward,
+           success, reason, error, attempts, latency_s, prompt_tokens, completion_tokens, response_text,
+           emitted_at, event_id
+    FROM trajectory_judged
+),
+by_rule AS (
+    SELECT f.run_id, f.trajectory_id, f.group_id, f.task_id, 'rule' AS judge, 'rule' AS judge_version, '' AS model,
+           '' AS prompt_sha256, true AS gives_reward, f.outcome = 'success' AS success, f.reason,
+           NULL::VARCHAR AS error, 1::BIGINT AS attempts, 0.0::DOUBLE AS latency_s, NULL::BIGINT AS prompt_tokens,
+           NULL::BIGINT AS completion_tokens, '' AS response_text, f.emitted_at, f.event_id
+    FROM episode_finished f
+    WHERE f.outcome IN ('success', 'failure')
+      AND NOT EXISTS (SELECT 1 FROM judged j WHERE j.run_id = f.run_id AND j.trajectory_id = f.trajectory_id
+                                                AND (j.gives_reward OR j.judge = 'rule'))
+)
 SELECT
     v.run_id,
     v.trajectory_id,
@@ -25,7 +42,7 @@ SELECT
     t.max_policy_version AS policy_version,
     v.emitted_at AS judged_at,
     v.event_id
-FROM trajectory_judged v
+FROM (SELECT * FROM judged UNION ALL BY NAME SELECT * FROM by_rule) v
 LEFT JOIN trajectories t USING (run_id, trajectory_id);
 
 -- How well judge `a` agrees with judge `b` (the reference, e.g. 'rule'), per task family, over the
