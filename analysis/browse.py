@@ -174,6 +174,12 @@ def trajectory(con: duckdb.DuckDBPyConnection, run_id: str, trajectory_id: str) 
     )
     if found is not None:
         found["steps"] = rows(con, load_sql("browse_steps"), {"run_id": run_id, "trajectory_id": trajectory_id})
+        found["verdicts"] = rows(
+            con,
+            "SELECT judge, model, gives_reward, success, reason, error, attempts, latency_s, response_text "
+            "FROM verdicts WHERE run_id = $r AND trajectory_id = $t ORDER BY gives_reward DESC, judge, judged_at",
+            {"r": run_id, "t": trajectory_id},
+        )
     return found
 
 

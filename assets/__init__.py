@@ -10,15 +10,15 @@ from __future__ import annotations
 
 import dagster as dg
 
-from assets import checks, maintenance, replay, tables
+from assets import checks, judging, maintenance, replay, tables
 from assets.events import event_tables
 from assets.io import Ledger, ParquetIOManager
 from assets.sensors import ledger_sensor
 
 ledger = Ledger()
-all_assets = dg.load_assets_from_modules([tables, maintenance])
+all_assets = dg.load_assets_from_modules([tables, maintenance, judging])
 """What Dagster materializes; `event_tables` above them are the ledger writer's."""
-all_checks = dg.load_asset_checks_from_modules([checks])
+all_checks = dg.load_asset_checks_from_modules([checks, judging])
 """The checks that guard them (`assets.checks`), run with each materialization."""
 replay_assets = [replay.replay, replay.replay_bit_exact]
 """Replay through a loss variant, launched by a person (`assets.replay`); the sensor leaves it alone."""

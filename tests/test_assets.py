@@ -41,6 +41,7 @@ ASSETS = (
     "throughput",
     "memory_drift",
     "learning_curve",
+    "judge_agreement",
 )
 pytestmark = pytest.mark.filterwarnings("ignore:InitResourceContext.dagster_run:DeprecationWarning")  # Dagster's own
 
@@ -210,7 +211,7 @@ def test_assets_materialize_with_row_counts(run):
 def test_every_check_passes_on_a_sound_run(run):
     _, _, result = run
     checks = check_results(result)
-    assert len(checks) == sum(len(c.check_keys) for c in all_checks) == 11
+    assert len(checks) == sum(len(c.check_keys) for c in all_checks) == 12
     assert all(checks.values()), checks
 
 

@@ -140,6 +140,7 @@ def test_an_episode_whose_judge_gives_no_verdict_ends_as_judge_error():
     assert model.success is None and model.attempts == 2 and "HTTP 500" in model.error
 
 
+@pytest.mark.filterwarnings("ignore:InitResourceContext.dagster_run:DeprecationWarning")  # Dagster's own
 def test_agreement_and_reward_hacking_are_queries_over_the_verdicts(tmp_path):
     """Episodes judged by the rule-following judge and by the lenient one, written as a ledger: the
     agreement table's counts are exact, and the watch finds the lenient judge's hacked successes."""
@@ -164,6 +165,26 @@ def test_agreement_and_reward_hacking_are_queries_over_the_verdicts(tmp_path):
     assert hacked == {"rule-judged": 0.0, "lenient-judged": 0.6}
     by_judge = con.execute("SELECT judge, count(*) FROM verdicts GROUP BY judge ORDER BY judge").fetchall()
     assert by_judge == [("model", 10), ("rule", 10)]
+    # the viewer's trajectory page shows both verdicts, the reward-giving one first
+    from analysis.browse import trajectory
+    from app.viewer.server import HERE, _num
+
+    tid = next(e.trajectory_id for e in events if isinstance(e, EpisodeFinished) and e.run_id == "lenient-judged")
+    found = trajectory(con, "lenient-judged", tid)
+    assert [(v["judge"], v["gives_reward"]) for v in found["verdicts"]] == [("model", True), ("rule", False)]
+    import jinja2
+
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(HERE / "templates"), autoescape=True)
+    env.globals["page_path"] = lambda *parts: "/" + "/".join(parts)
+    env.filters["num"] = _num
+    html = env.get_template("trajectory.html").render(run_id="lenient-judged", t=found, problems={})
+    assert 'id="verdicts"' in html and "gives the reward" in html and "judge-test" in html
+    # the Dagster asset is the same table per run, and its check warns on the lenient judge only
+    from test_assets import check_results, materialize_run
+
+    for run, agrees in (("rule-judged", True), ("lenient-judged", False)):
+        result, _ = materialize_run(str(tmp_path), run, selection=["judge_agreement"])
+        assert check_results(result) == {"judge_agrees_with_the_rule": agrees}, run
 
 
 def test_a_group_with_a_judge_error_is_dropped_by_the_trainer_with_that_reason(settings):

@@ -171,6 +171,31 @@ def test_the_stack_runs_the_server_by_pid(served):
     assert status.returncode == 0 and "vllm" in status.stdout, status.stdout + status.stderr
 
 
+def test_the_model_judge_asks_the_live_server_and_records_what_it_said(served):
+    """The model judge against the real vLLM server: the tiny model's answer is recorded whole, and it
+    either parses as a verdict or, after the judge's attempts, is a judge_error naming why; never a
+    silent success or failure."""
+    from rollout.judges import JudgeInput, ModelJudge, ModelJudgeConfig
+
+    settings = served.settings()
+    config = ModelJudgeConfig(
+        url=settings.vllm_url.removesuffix("/v1"), model=settings.vllm_model, attempts=2, max_tokens=32
+    )
+    shot = render_page("judged page", seed=3)
+    got = asyncio.run(
+        ModelJudge(config).judge(
+            JudgeInput("Click the red box.", None, ["1. click the red box | click(mark=0) | clicked"], [shot])
+        )
+    )
+    print(f"\nlive judge: {got}")
+    assert got.response_text or got.error, got
+    if got.success is None:
+        assert got.attempts == 2 and got.reason.startswith("judge_error: ") and got.error, got
+    else:
+        assert got.attempts >= 1 and got.prompt_tokens > 0, got
+    assert got.latency_s > 0
+
+
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_an_action_from_a_screenshot_has_token_ids_and_trainer_exact_logprobs(served, weights, temperature):
     v0 = weights[0]
