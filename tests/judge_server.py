@@ -7,13 +7,15 @@ Modes (`JudgeServer.mode`, changeable while it runs):
 - `lenient`: success for any click (a judge a policy can hack: it agrees on every success and on no
   failure that clicked).
 - `garbage`: an answer with no verdict in it. `refuse`: HTTP 400. `error`: HTTP 500.
-`fail_first` makes that many requests answer 500 first (then the mode's answer).
+`fail_first` makes that many requests answer 500 first (then the mode's answer); requests numbered in
+`drop` (1-based) get their connection closed with no answer, as when the judge's process dies mid-request.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -21,8 +23,9 @@ from rollout.suites.boxes.suite import COLOURS
 
 
 class JudgeServer:
-    def __init__(self, mode: str = "rule", fail_first: int = 0):
-        self.mode, self.fail_first, self.requests = mode, fail_first, 0
+    def __init__(self, mode: str = "rule", fail_first: int = 0, drop: range = range(0)):
+        self.mode, self.fail_first, self.drop, self.requests = mode, fail_first, drop, 0
+        self.dropped = 0
         self.lock = threading.Lock()
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
@@ -39,10 +42,14 @@ class JudgeServer:
         self.httpd.shutdown()
         self.httpd.server_close()
 
-    def answer(self, body: dict) -> tuple[int, dict | str]:
+    def answer(self, body: dict) -> tuple[int, dict | str] | None:
+        """(status, reply), or None to drop the connection unanswered."""
         with self.lock:
             self.requests += 1
             failing = self.requests <= self.fail_first
+            if self.requests in self.drop:
+                self.dropped += 1
+                return None
         if failing or self.mode == "error":
             return 500, "judge overloaded"
         if self.mode == "refuse":
@@ -73,7 +80,12 @@ def _handler(server: JudgeServer):
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self) -> None:  # noqa: N802 - http.server's name
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            code, reply = server.answer(body)
+            answered = server.answer(body)
+            if answered is None:
+                self.close_connection = True
+                self.connection.shutdown(socket.SHUT_RDWR)
+                return
+            code, reply = answered
             data = (json.dumps(reply) if isinstance(reply, dict) else reply).encode()
             self.send_response(code)
             self.send_header("Content-Type", "application/json" if isinstance(reply, dict) else "text/plain")
@@ -85,3 +97,19 @@ def _handler(server: JudgeServer):
             return None
 
     return Handler
+
+
+if __name__ == "__main__":  # a judge for a run by hand: python tests/judge_server.py [MODE] [PORT]
+    import sys
+    import time
+
+    mode, port = (sys.argv[1:] + ["rule"])[0], int((sys.argv[2:] + ["0"])[0])
+    server = JudgeServer(mode)
+    if port:
+        server.httpd.server_close()
+        server.httpd = ThreadingHTTPServer(("127.0.0.1", port), _handler(server))
+        server.thread = threading.Thread(target=server.httpd.serve_forever, daemon=True)
+    with server:
+        print(f"judge ({mode}) at {server.url}", flush=True)
+        while True:
+            time.sleep(3600)

@@ -269,3 +269,55 @@ def test_rejudge_judges_a_recorded_run_again_offline_and_agreement_reads_it(sett
     assert rows["(all)"]["trajectories"] == 5 and rows["(all)"]["accuracy"] == 1.0
     rewards = [e.reward for e in events if isinstance(e, EpisodeFinished)]
     assert sum(rewards) == rows["(all)"]["true_positives"] == 2  # red 0 and blue 1 were right
+
+
+class _RandomMarks(_Clicks):
+    """Clicks a mark drawn from a seeded generator: some right, most wrong."""
+
+    def __init__(self, seed: int):
+        import random
+
+        super().__init__(0)
+        self.rng = random.Random(seed)
+
+    async def act(self, obs):
+        self.mark = self.rng.randrange(4)
+        return await super().act(obs)
+
+
+def test_a_pool_rewarded_by_a_model_judge_that_dies_mid_run_loses_no_verdict(settings):
+    """Through the real broker, a pool whose reward comes from the rule-following judge; the judge
+    drops four requests in a row unanswered (its process dying mid-request). The trajectories it could
+    not judge within their attempts end `judge_error`, the rest agree with the rule exactly, and every
+    trajectory has exactly one verdict of each judge in the log: none lost, none twice."""
+    from rollout.episode import EpisodeConfig
+    from rollout.judges import ModelJudgeConfig
+    from rollout.suites.boxes.suite import BoxesSuite
+
+    from test_rollout import by_trajectory, run_pool
+
+    with JudgeServer("rule", drop=range(9, 13)) as server:
+        episode = EpisodeConfig(
+            som=True, judge="model", model_judge=ModelJudgeConfig(url=server.url, model="rule-judge", attempts=2)
+        )
+        suite = BoxesSuite()
+        tasks = [t for t in suite.tasks("train") if t.task_id.split("-")[1] in ("red", "colour")]
+        _, stats, delivered = run_pool(
+            settings, suite, _RandomMarks(seed=5), groups=6, workers=2, group_size=4, tasks=tasks, episode=episode
+        )
+    assert server.dropped == 4
+    finished, verdicts = {}, {}
+    for tid, events in by_trajectory(delivered).items():
+        (finished[tid],) = [e for e in events if isinstance(e, EpisodeFinished)]
+        judged = [e for e in events if isinstance(e, TrajectoryJudged)]
+        assert sorted(j.judge for j in judged) == ["model", "rule"], (tid, judged)
+        verdicts[tid] = {j.judge: j for j in judged}
+    assert len(finished) == stats.episodes == 24
+    errors = [t for t, f in finished.items() if f.outcome == "judge_error"]
+    assert 1 <= len(errors) == stats.judge_errors <= 2, errors
+    for tid, f in finished.items():
+        model, rule = verdicts[tid]["model"], verdicts[tid]["rule"]
+        if tid in errors:
+            assert model.success is None and model.attempts == 2 and f.reward == 0.0
+        else:
+            assert model.success == rule.success == (f.outcome == "success") and f.reward == float(model.success)
