@@ -78,9 +78,11 @@ async def rejudge(
     emit: Callable,
     concurrency: int = 4,
     progress: Callable[[int], None] = lambda n: None,
+    name: str = "rejudged",
 ) -> RejudgeSummary:
     """Judge each trajectory (`concurrency` at a time) and `emit` its verdict as a `TrajectoryJudged`
-    that gives no reward. `screenshots(hashes)` returns the images of the given hashes, in order."""
+    named `name` that gives no reward. `screenshots(hashes)` returns the images of the given hashes, in
+    order."""
     summary = RejudgeSummary(trajectories[0].ids["run_id"] if trajectories else "")
     gate = asyncio.Semaphore(concurrency)
     k = judge.config.screenshots
@@ -89,7 +91,7 @@ async def rejudge(
         async with gate:
             shots = await asyncio.to_thread(screenshots, t.screenshot_sha256[-k:] if k else [])
             judged = await judge.judge(JudgeInput(t.instruction, t.answer, t.history, shots))
-        emit(judged_event(t.ids, judge.name, judged, gives_reward=False, judge=judge))
+        emit(judged_event(t.ids, name, judged, gives_reward=False, judge=judge))
         summary.trajectories += 1
         summary.successes += judged.success is True
         summary.judge_errors += judged.success is None

@@ -22,12 +22,13 @@ def rejudge(
     prompt_file: Path = typer.Option(None, help="A prompt template ($instruction, $answer, $history, $k)."),
     concurrency: int = typer.Option(4, help="Trajectories judged at once."),
     limit: int = typer.Option(None, help="Judge only the first N trajectories."),
+    name: str = typer.Option("rejudged", help="The judge's name in `verdicts` (`awrl agreement NAME rule`)."),
     format: Format = FORMAT,  # noqa: A002 - the option's name
     ledger: str = LEDGER,
 ) -> None:
     """Judge a recorded run's trajectories again with a model judge, without a browser: each verdict
     is recorded beside the old ones (a `TrajectoryJudged` that gives no reward), then folded into the
-    ledger. Compare with `awrl agreement model rule --run RUN`."""
+    ledger. Compare with `awrl agreement rejudged rule --run RUN` (`--name` names the judge)."""
     from rich.progress import Progress
 
     from analysis.rejudge import recorded_trajectories
@@ -69,6 +70,7 @@ def rejudge(
                 events.append,
                 concurrency=concurrency,
                 progress=lambda n: progress.update(task, completed=n),
+                name=name,
             )
         )
     producer = EventProducer(settings, client_id="rejudge")
@@ -84,7 +86,7 @@ def rejudge(
         format,
     )
     if format is Format.table:
-        console.print(f"next: [bold]awrl agreement model rule --run {run_id}[/]")
+        console.print(f"next: [bold]awrl agreement {name} rule --run {run_id}[/]")
 
 
 AGREEMENT = (

@@ -265,7 +265,7 @@ def test_rejudge_judges_a_recorded_run_again_offline_and_agreement_reads_it(sett
     with JudgeServer("rule") as server:
         (summary,) = json.loads(awrl("rejudge", run_id, "--url", server.url, "--model", "rule-judge"))
     assert (summary["trajectories"], summary["judge_errors"]) == (5, 0) and server.requests == 5
-    rows = {r["task_family"]: r for r in json.loads(awrl("agreement", "model", "rule", "--run", run_id))}
+    rows = {r["task_family"]: r for r in json.loads(awrl("agreement", "rejudged", "rule", "--run", run_id))}
     assert rows["(all)"]["trajectories"] == 5 and rows["(all)"]["accuracy"] == 1.0
     rewards = [e.reward for e in events if isinstance(e, EpisodeFinished)]
     assert sum(rewards) == rows["(all)"]["true_positives"] == 2  # red 0 and blue 1 were right
