@@ -26,11 +26,12 @@ from trainer.staleness import admissible
 Filter = Literal["dynamic", "none", "raft"]
 
 GROUPS = """
-    select g.group_id, g.rewards, g.min_policy_version, epoch(g.completed_at) as t,
+    select g.group_id, g.trajectory_ids, g.rewards, g.outcomes, g.min_policy_version, epoch(g.completed_at) as t,
            coalesce(max(s.response_tokens), 0) > 0 as has_tokens
     from groups g left join steps s on s.run_id = g.run_id and list_contains(g.trajectory_ids, s.trajectory_id)
     where g.run_id = $run
     group by all order by t, g.group_id"""
+VERDICTS = "select trajectory_id, success from verdicts where run_id = $run and judge = $judge"
 VERSIONS = "select version, epoch(published_at) from policy_versions where run_id = $run order by 2, 1"
 RECORDED = """
     select 'trained', count(distinct g) from (select unnest(group_ids) as g from updates where run_id = $run)
@@ -44,6 +45,10 @@ class Admission:
     """Staleness bound: a group is admitted at version v iff its oldest token's version is >= v - eta."""
     filter: Filter = "dynamic"
     """`dynamic`: drop all-equal rewards (dynamic sampling); `none`: keep them; `raft`: successes only."""
+    judge: str | None = None
+    """Rewards from this judge's verdicts (the `verdicts` view: success 1, failure 0, e.g. after `awrl
+    rejudge`); a group with a trajectory it gave no verdict on is dropped as `judge_error`, as the
+    trainer drops one. None: the rewards the run recorded."""
 
 
 @dataclass
@@ -53,7 +58,7 @@ class Rebatch:
     groups: int = 0
     admitted: list[str] = field(default_factory=list)
     dropped: dict[str, int] = field(default_factory=dict)
-    """Reason (`no_tokens`, `uninformative`, `stale`) -> groups."""
+    """Reason (`judge_error`, `no_tokens`, `uninformative`, `stale`) -> groups."""
     per_version: dict[int, int] = field(default_factory=dict)
     """Version current at completion -> groups admitted then (the effective batch supply per update)."""
     staleness: dict[int, int] = field(default_factory=dict)
@@ -69,11 +74,19 @@ def rebatch(con: duckdb.DuckDBPyConnection, run_id: str, admission: Admission = 
     times = [t for _, t in versions]
     out = Rebatch(run_id, admission, recorded=dict(con.execute(RECORDED, {"run": run_id}).fetchall()))
     dropped, per_version, staleness = Counter(), Counter(), Counter()
-    for group_id, rewards, oldest, t, has_tokens in con.execute(GROUPS, {"run": run_id}).fetchall():
+    verdicts = (
+        dict(con.execute(VERDICTS, {"run": run_id, "judge": admission.judge}).fetchall()) if admission.judge else None
+    )
+    for group_id, tids, rewards, outcomes, oldest, t, has_tokens in con.execute(GROUPS, {"run": run_id}).fetchall():
         out.groups += 1
         i = bisect.bisect_right(times, t) - 1
         current = versions[i][0] if i >= 0 else 0
-        reason = _rejection(rewards, oldest, current, has_tokens, admission)
+        if verdicts is not None:
+            judged = [verdicts.get(tid) for tid in tids]
+            outcomes = ["judge_error" if v is None else "judged" for v in judged]
+            rewards = [float(bool(v)) for v in judged]
+        reason = "judge_error" if "judge_error" in outcomes else None
+        reason = reason or _rejection(rewards, oldest, current, has_tokens, admission)
         if reason:
             dropped[reason] += 1
             continue

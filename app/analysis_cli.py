@@ -237,6 +237,9 @@ def rebatch(
     run_id: str = typer.Argument(..., help="The training run."),
     eta: int = typer.Option(2, help="Counterfactual staleness bound."),
     rule: Filter = typer.Option("dynamic", "--filter", help="dynamic (drop all-equal rewards), none, or raft."),
+    judge_name: str = typer.Option(
+        None, "--judge", help="Rewards from this judge's verdicts (`verdicts`, e.g. `rejudged`); default: as recorded."
+    ),
     png: Path = typer.Option(None, help="Also draw the staleness and advantage histograms here."),
     format: Format = FORMAT,  # noqa: A002 - the option's name
     ledger: str = LEDGER,
@@ -247,7 +250,7 @@ def rebatch(
 
     con = connect_ledger(ledger, run_id)
     try:
-        found = judge(con, run_id, Admission(eta=eta, filter=rule))
+        found = judge(con, run_id, Admission(eta=eta, filter=rule, judge=judge_name))
     finally:
         con.close()
     if png:

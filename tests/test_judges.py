@@ -179,6 +179,31 @@ def test_agreement_and_reward_hacking_are_queries_over_the_verdicts(tmp_path):
     env.filters["num"] = _num
     html = env.get_template("trajectory.html").render(run_id="lenient-judged", t=found, problems={})
     assert 'id="verdicts"' in html and "gives the reward" in html and "judge-test" in html
+    # re-batched with the rule's verdicts, the lenient run's all-success group becomes informative
+    from analysis.rebatch import Admission, rebatch
+    from schemas import GroupCompleted
+
+    ended = [e for e in events if isinstance(e, EpisodeFinished) and e.run_id == "lenient-judged"]
+    write_ledger(
+        tmp_path,
+        [
+            GroupCompleted(
+                run_id="lenient-judged",
+                group_id="g",
+                task_id=ended[0].task_id,
+                trajectory_ids=[e.trajectory_id for e in ended],
+                rewards=[e.reward for e in ended],
+                num_steps=[e.num_steps for e in ended],
+                outcomes=[e.outcome for e in ended],
+                min_policy_version=0,
+                max_policy_version=0,
+            )
+        ],
+    )
+    con = connect(tmp_path)
+    assert rebatch(con, "lenient-judged", Admission(eta=9)).dropped == {"uninformative": 1}  # 5 of 5 rewarded
+    assert rebatch(con, "lenient-judged", Admission(eta=9, judge="rule")).admitted == ["g"]  # 2 of 5 right
+    assert rebatch(con, "lenient-judged", Admission(eta=9, judge="nobody")).dropped == {"judge_error": 1}
     # the Dagster asset is the same table per run, and its check warns on the lenient judge only
     from test_assets import check_results, materialize_run
 
