@@ -106,3 +106,14 @@ def _rows(con: duckdb.DuckDBPyConnection, query: str, params: dict) -> list[dict
     cur = con.execute(query, params)
     columns = [d[0] for d in cur.description]
     return [dict(zip(columns, row, strict=True)) for row in cur.fetchall()]
+
+
+def judge_errors(con: duckdb.DuckDBPyConnection, run_id: str | None = None) -> int:
+    """Trajectories the judge that gives the reward gave no verdict on (`judge_error`): not a fault of
+    the ledger, so no check fails on them, but `awrl ledger verify` says how many (their groups were
+    dropped)."""
+    (n,) = con.execute(
+        "SELECT count(*) FROM verdicts WHERE gives_reward AND success IS NULL AND ($run IS NULL OR run_id = $run)",
+        {"run": run_id},
+    ).fetchone()
+    return n

@@ -157,17 +157,20 @@ def ledger_verify(
     """Check what the ledger promises: no event stored twice, no trajectory with a step missing, no gap
     in the published versions, and (with AWRL_OUTBOX_DIR) no event left unconfirmed in an outbox. One
     line per check with its count; exit 1 when any found something (`analysis.verify`)."""
-    from analysis.verify import verify
+    from analysis.verify import judge_errors, verify
     from app.analysis_cli import connect_ledger
 
     settings = StackSettings().with_ledger(ledger_uri)
     with connect_ledger(settings.ledger_uri, run_id) as con:
         findings = verify(con, run_id, settings.outbox_dir)
+        unjudged = judge_errors(con, run_id)
     if format is Format.json:
         emit_json([{"kind": f.kind, "count": f.count, "rows": f.rows} for f in findings])
     elif format is Format.table:
         for f in findings:
             console.print(f.line(), markup=False)
+        why = " trajectories the reward's judge gave no verdict on (groups dropped; not a ledger fault)"
+        console.print(f"judge errors: {unjudged}" + (why if unjudged else ""), markup=False)
     else:
         emit_rows(
             ["kind", "count", "first"], [[f.kind, f.count, f.rows[0] if f.rows else None] for f in findings], format

@@ -153,8 +153,13 @@ def test_agreement_and_reward_hacking_are_queries_over_the_verdicts(tmp_path):
         with JudgeServer(mode) as server:
             # red is mark 0: two right clicks, three wrong ones, each its own trajectory
             events += [e.model_copy(update={"run_id": run}) for m in (0, 0, 1, 2, 3) for e in _episode(server, m)]
+    with JudgeServer("error") as server:  # a judge that never answered: a judge_error, counted by verify
+        events += [e.model_copy(update={"run_id": "unjudged"}) for e in _episode(server, 0)]
     write_ledger(tmp_path, events)
     con = connect(tmp_path)
+    from analysis.verify import judge_errors
+
+    assert (judge_errors(con, "unjudged"), judge_errors(con, "lenient-judged"), judge_errors(con)) == (1, 0, 1)
     rows = con.execute(
         "SELECT true_positives, false_positives, false_negatives, true_negatives, accuracy, f1 "
         "FROM awrl_judge_agreement('model', 'rule') WHERE task_family = '(all)'"
@@ -164,7 +169,7 @@ def test_agreement_and_reward_hacking_are_queries_over_the_verdicts(tmp_path):
     hacked = dict(con.execute("SELECT run_id, hacked_share FROM awrl_reward_hacking('rule')").fetchall())
     assert hacked == {"rule-judged": 0.0, "lenient-judged": 0.6}
     by_judge = con.execute("SELECT judge, count(*) FROM verdicts GROUP BY judge ORDER BY judge").fetchall()
-    assert by_judge == [("model", 10), ("rule", 10)]
+    assert by_judge == [("model", 11), ("rule", 11)]  # the unjudged trajectory has both, the model's empty
     # the viewer's trajectory page shows both verdicts, the reward-giving one first
     from analysis.browse import trajectory
     from app.viewer.server import HERE, _num

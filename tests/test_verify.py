@@ -156,7 +156,13 @@ def test_cli_exits_0_on_a_sound_ledger_and_1_with_one_line_per_kind(tmp_path, aw
     write_ledger(tmp_path / "ledger", sound())
     code, out, err = awrl("r1", "--ledger-uri", tmp_path / "ledger")
     assert (code, err) == (0, "")
-    assert out.splitlines() == ["duplicates: 0", "missing steps: 0", "version gaps: 0", "unconfirmed outbox: 0"]
+    assert out.splitlines() == [
+        "duplicates: 0",
+        "missing steps: 0",
+        "version gaps: 0",
+        "unconfirmed outbox: 0",
+        "judge errors: 0",
+    ]
 
     events = without(sound(), "C", 2) + versions("r1", (4, 3))
     write_ledger(tmp_path / "bad", events[1:])
@@ -173,6 +179,7 @@ def test_cli_exits_0_on_a_sound_ledger_and_1_with_one_line_per_kind(tmp_path, aw
         "missing steps",
         "version gaps",
         "unconfirmed outbox",
+        "judge errors",
     ]
     assert lines[1].startswith("missing steps: 1 trajectories with a step missing (e.g. run_id r1, trajectory_id C")
 
