@@ -351,3 +351,46 @@ def test_a_pool_rewarded_by_a_model_judge_that_dies_mid_run_loses_no_verdict(set
             assert model.success is None and model.attempts == 2 and f.reward == 0.0
         else:
             assert model.success == rule.success == (f.outcome == "success") and f.reward == float(model.success)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+def test_a_run_trained_from_a_model_judges_rewards_agrees_with_the_rule_and_replays_without_it(settings, tmp_path):
+    """`awrl run` on boxes, every reward a verdict of the rule-following model judge (real HTTP): it
+    trains, its verdicts agree with the rule's exactly, and replay is bit-exact with the judge gone."""
+    from dataclasses import replace
+
+    from analysis import connect
+    from analysis.replay import replay
+    from app.training import RunConfig, run_training
+    from rollout.episode import EpisodeConfig
+    from rollout.judges import ModelJudgeConfig
+    from trainer.config import TrainConfig
+
+    settings = settings.model_copy(update={"ledger_uri": str(tmp_path / "ledger")})
+    with JudgeServer("rule") as server:
+        model_judge = ModelJudgeConfig(url=server.url, model="rule-judge")
+        judged = EpisodeConfig(som=True, judge="model", model_judge=model_judge)
+        rollout = replace(RunConfig().rollout, suite="boxes", policy="demo", noise=0.5, templates=("red",))
+        config = RunConfig(
+            minutes=15.0,  # only a cap: the run ends at its updates
+            rollout=replace(rollout, episode=judged),
+            train=TrainConfig(run_id="", groups_per_update=1, dynamic_sampling=False, max_updates=2),
+            log_dir=tmp_path / "runs",
+        )
+        summary = run_training(settings, config)
+    assert summary.updates == 2 and not summary.stopped, summary
+    con = connect(settings.ledger_uri)
+    (row,) = con.execute(
+        "SELECT trajectories, accuracy FROM awrl_judge_agreement('model', 'rule') WHERE task_family = '(all)'"
+    ).fetchall()
+    finished = con.execute(
+        "SELECT count(*), sum(reward) FROM episode_finished WHERE run_id = ? AND outcome IN ('success', 'failure')",
+        [summary.run_id],
+    ).fetchone()
+    rewarded = con.execute(
+        "SELECT sum(success::INT) FROM verdicts WHERE run_id = ? AND gives_reward", [summary.run_id]
+    ).fetchone()
+    assert row == (finished[0], 1.0) and finished[1] == rewarded[0], (row, finished, rewarded)
+    results = replay(settings, summary.run_id)  # the judge's server is closed: replay never asks it
+    assert len(results) == 2 and all(b.exact for b in results), [b.exact for b in results]
