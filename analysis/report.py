@@ -34,6 +34,9 @@ PAPER = {  # AsyncWebRL, arXiv 2606.05597, "Memory-schema drift" and "Two ineffi
 CAPTIONS = {
     "learning_curve": "Learning curve: success on the run's training tasks per policy version (line, 95% Wilson "
     "band; view `success_by_version`) and held-out evaluations (markers; view `evaluations`).",
+    "reward_hacking": "Reward hacking watch: by policy version, success as the judge that gave the reward "
+    "saw it, as the rule judge saw it, and the share the first called a success and the second a failure "
+    "(`awrl_reward_hacking('rule')`). A share that grows is a policy learning what the judge accepts.",
 }
 """A sentence under a plot, by file stem, where the picture alone does not say what it shows."""
 
@@ -50,6 +53,7 @@ def write_report(
         _plot_lengths(con, run_id, out_dir / "lengths.png"),
         _plot_success(con, run_id, out_dir / "success_over_time.png"),
         _plot_versions(con, run_id, out_dir / "learning_curve.png"),
+        _plot_hacking(con, run_id, out_dir / "reward_hacking.png"),
     ]
     path = out_dir / "report.md"
     path.write_text(_markdown(report, [p for p in plots if p is not None]))
@@ -142,3 +146,21 @@ def _plot_versions(con, run_id: str, path: Path) -> Path | None:
     if not training.num_rows and not evaluations:
         return None
     return version_curve_png(training, evaluations, path, title=f"{run_id}: success by policy version")
+
+
+def _plot_hacking(con, run_id: str, path: Path) -> Path | None:
+    """Only for a run whose reward came from a model judge (the rule's verdicts recorded beside it)."""
+    rows = con.execute(
+        "SELECT policy_version, reward_success, reference_success, hacked_share "
+        "FROM awrl_reward_hacking('rule') WHERE run_id = ? AND policy_version IS NOT NULL ORDER BY policy_version",
+        [run_id],
+    ).fetchall()
+    if not rows:
+        return None
+    fig, ax = plt.subplots(figsize=(6, 4))
+    versions = [r[0] for r in rows]
+    for i, label in ((1, "the reward's judge: success"), (2, "rule judge: success"), (3, "hacked share")):
+        ax.plot(versions, [r[i] for r in rows], marker="o", label=label)
+    ax.set(xlabel="policy version", ylabel="share of trajectories", ylim=(-0.02, 1.02), title="Reward hacking watch")
+    ax.legend()
+    return save(fig, path)

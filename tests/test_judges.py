@@ -392,5 +392,10 @@ def test_a_run_trained_from_a_model_judges_rewards_agrees_with_the_rule_and_repl
         "SELECT sum(success::INT) FROM verdicts WHERE run_id = ? AND gives_reward", [summary.run_id]
     ).fetchone()
     assert row == (finished[0], 1.0) and finished[1] == rewarded[0], (row, finished, rewarded)
+    # `awrl report` draws the reward-hacking watch for a run a model judge rewarded
+    from analysis import write_report
+
+    md = write_report(con, summary.run_id, tmp_path / "report").read_text()
+    assert (tmp_path / "report" / "reward_hacking.png").stat().st_size > 0 and "reward_hacking.png" in md
     results = replay(settings, summary.run_id)  # the judge's server is closed: replay never asks it
     assert len(results) == 2 and all(b.exact for b in results), [b.exact for b in results]

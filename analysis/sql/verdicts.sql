@@ -86,5 +86,6 @@ SELECT
     avg(x.success::INT) AS reward_success,
     avg(y.success::INT) AS reference_success
 FROM verdicts x JOIN verdicts y USING (run_id, trajectory_id)
-WHERE x.gives_reward AND y.judge = reference AND x.success IS NOT NULL AND y.success IS NOT NULL
+WHERE x.gives_reward AND x.judge <> reference AND y.judge = reference
+  AND x.success IS NOT NULL AND y.success IS NOT NULL
 GROUP BY x.run_id, x.policy_version ORDER BY x.run_id, x.policy_version;
