@@ -19,7 +19,8 @@
 # running vLLM server through the store (`reload_weights`) vs pushed over NCCL with vLLM's
 # weight-transfer API, and the first action after each (prepared, not yet run on a GPU).
 #
-# Then, where a Docker engine runs, the image and the compose file for real (see the end).
+# Then, with AWRL_JUDGE_MODEL_DIR, a real VLM judge against the rule judge (see below); and where a
+# Docker engine runs, the image and the compose file for real (see the end).
 #
 # Environment: PY (default .venv/bin/python), AWRL_VLLM_EXTRA_ARGS (default below: no CUDA graphs,
 # a third of the GPU, which a 5M-parameter model does not need more of), DOCKER_CHECK=0 to skip the
@@ -54,6 +55,36 @@ set -e
 # the server's log, from the stack directory the test used
 find /tmp/pytest-of-"$(id -un)" -path '*vllm-stack*/log/vllm.log' -newer "$OUT/gpu.txt" -exec tail -n 300 {} \; \
   >"$OUT/vllm_server.log" 2>/dev/null || true
+
+# A real VLM judge (issue: a model judge for open tasks), where the node holds a judge checkpoint
+# (AWRL_JUDGE_MODEL_DIR: an HF vision-language directory vLLM serves): serve it beside the stack, record
+# a boxes run that the rule judges (the demo policy: oracle clicks with half of them random), judge it
+# again with the VLM (`awrl rejudge`: instruction, history, the last 3 screenshots) and write its
+# agreement with the rule and its latency. Prepared, not run: no GPU was lent and no judge checkpoint
+# can be had where this was written.
+judge_rc=0
+if [ -n "${AWRL_JUDGE_MODEL_DIR:-}" ]; then
+  set +e
+  "$PY" -m vllm.entrypoints.openai.api_server --model "$AWRL_JUDGE_MODEL_DIR" --served-model-name judge \
+    --port 8011 --gpu-memory-utilization 0.5 >"$OUT/judge_server.log" 2>&1 &
+  judge_pid=$!
+  for _ in $(seq 900); do curl -sf http://127.0.0.1:8011/health >/dev/null && break; sleep 1; done
+  run="judged-$(date +%s)"
+  {
+    "$PY" -m app.cli stack up &&
+    "$PY" -m app.cli rollout --suite boxes --policy demo --noise 0.5 --episodes 64 --run-id "$run" \
+      --templates red blue colour --episode.som &&
+    "$PY" -m app.cli ledger sync &&
+    "$PY" -m app.cli rejudge "$run" --url http://127.0.0.1:8011 --model judge --name vlm &&
+    "$PY" -m app.cli agreement vlm rule --run "$run" &&
+    "$PY" -m app.cli sql "SELECT avg(latency_s), quantile_cont(latency_s, 0.95) FROM verdicts WHERE judge = 'vlm'"
+  } 2>&1 | tee "$OUT/judge.txt"
+  judge_rc=${PIPESTATUS[0]}
+  kill "$judge_pid"
+  "$PY" -m app.cli stack down
+  set -e
+fi
+[ "$rc" -ne 0 ] || rc=$judge_rc
 
 # Docker: tests/test_compose.py checks the build context, its install and the compose model without
 # an engine; where one runs (`docker info` succeeds), build the real images as compose names them
