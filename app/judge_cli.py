@@ -66,7 +66,7 @@ def rejudge(
             run(
                 trajectories,
                 ModelJudge(config),
-                lambda hashes: [store.get_many(hashes)[h] for h in hashes],
+                lambda hashes: _in_order(store.get_many(hashes), hashes),
                 events.append,
                 concurrency=concurrency,
                 progress=lambda n: progress.update(task, completed=n),
@@ -87,6 +87,11 @@ def rejudge(
     )
     if format is Format.table:
         console.print(f"next: [bold]awrl agreement {name} rule --run {run_id}[/]")
+
+
+def _in_order(found: dict[str, bytes], hashes: list[str]) -> list[bytes]:
+    """`get_many`'s images, one fetch for all, in the order of `hashes`."""
+    return [found[h] for h in hashes]
 
 
 AGREEMENT = (

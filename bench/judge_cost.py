@@ -57,8 +57,12 @@ def main(episodes: int = 96, repeats: int = 2, url: str = "", model: str = "rule
                     rows.append(dict(arm=arm, repeat=r, run=run_id, episodes=stats.episodes, seconds=seconds))
             LedgerWriter(settings).sync(idle_exit_s=3.0)
             con = connect(settings)
+            acc = con.execute(
+                "SELECT accuracy FROM awrl_judge_agreement('model', 'rule') WHERE task_family = '(all)'"
+            ).fetchone()
             for row in rows:
                 if row["arm"] == "model":
+                    row["agreement_all_runs"] = acc[0] if acc else None
                     lat = [
                         x
                         for (x,) in con.execute(
@@ -67,10 +71,6 @@ def main(episodes: int = 96, repeats: int = 2, url: str = "", model: str = "rule
                     ]
                     row["latency_mean_s"] = statistics.fmean(lat)
                     row["latency_p95_s"] = statistics.quantiles(lat, n=20)[-1]
-                    acc = con.execute(
-                        "SELECT accuracy FROM awrl_judge_agreement('model', 'rule') v WHERE task_family = '(all)'"
-                    ).fetchone()
-                    row["agreement_all_runs"] = acc[0] if acc else None
         finally:
             stack.down()
     _report(rows, url or "tests/judge_server.py (rule)")

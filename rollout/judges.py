@@ -25,7 +25,7 @@ import re
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from string import Template
 
 from tenacity import AsyncRetrying, retry_if_not_exception_type, stop_after_attempt, wait_exponential
@@ -230,19 +230,14 @@ def judged_event(
     ids: dict, name: str, j: Judgement, gives_reward: bool, judge: ModelJudge | None = None
 ) -> TrajectoryJudged:
     """`j` as the event that records it; `ids`: run, trajectory, group and task ids; `judge` None: the rule."""
+    answer = j.response_text.encode("utf-8", "replace").decode("utf-8")  # no lone surrogate
+    fields = {**asdict(j), "response_text": answer}
     return TrajectoryJudged(
         **ids,
+        **fields,
         judge=name,
         judge_version=JUDGE_VERSION if judge is not None else "rule",
         gives_reward=gives_reward,
-        success=j.success,
-        reason=j.reason,
         model=judge.config.model if judge is not None else "",
         prompt_sha256=judge.prompt_sha256 if judge is not None else "",
-        response_text=j.response_text.encode("utf-8", "replace").decode("utf-8"),  # no lone surrogate
-        error=j.error,
-        attempts=j.attempts,
-        latency_s=j.latency_s,
-        prompt_tokens=j.prompt_tokens,
-        completion_tokens=j.completion_tokens,
     )

@@ -23,11 +23,11 @@ from rollout.suites.boxes.suite import COLOURS
 
 
 class JudgeServer:
-    def __init__(self, mode: str = "rule", fail_first: int = 0, drop: range = range(0)):
+    def __init__(self, mode: str = "rule", fail_first: int = 0, drop: range = range(0), port: int = 0):
         self.mode, self.fail_first, self.drop, self.requests = mode, fail_first, drop, 0
         self.dropped = 0
         self.lock = threading.Lock()
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", port), _handler(self))
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
 
     @property
@@ -104,12 +104,7 @@ if __name__ == "__main__":  # a judge for a run by hand: python tests/judge_serv
     import time
 
     mode, port = (sys.argv[1:] + ["rule"])[0], int((sys.argv[2:] + ["0"])[0])
-    server = JudgeServer(mode)
-    if port:
-        server.httpd.server_close()
-        server.httpd = ThreadingHTTPServer(("127.0.0.1", port), _handler(server))
-        server.thread = threading.Thread(target=server.httpd.serve_forever, daemon=True)
-    with server:
+    with JudgeServer(mode, port=port) as server:
         print(f"judge ({mode}) at {server.url}", flush=True)
         while True:
             time.sleep(3600)
