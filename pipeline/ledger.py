@@ -228,7 +228,7 @@ class LedgerWriter:
             self.receipts.add(sorted(position.ids))
             self._obsolete += position.superseded  # deleted once that receipt is written
             self._entries[source] = [e for e in position.entries if e not in position.superseded]
-            self.chains.assigned(source, position)
+            self.chains.assigned(source, position, cluster)
             if position.start is not None:
                 starts[source] = position.start
         return starts
@@ -418,7 +418,9 @@ class LedgerWriter:
             entries[source] += placed.entries
             self.stats.duplicates += placed.duplicates
             self.receipts.add(placed.ids)
-        self.receipts.add([d.event.event_id for d in batch])  # in the ledger now, repeats included
+        # Repeats found in the ledger too, but nothing `place` skipped unwritten: a receipt lets the
+        # producer's outbox delete an event, so it names only what the ledger's files hold.
+        self.receipts.add([i for i in (d.event.event_id for d in batch) if i in known or i in self.recent])
         now = datetime.now(UTC)
         lag = max(((now - d.event.emitted_at).total_seconds() for d in batch), default=0.0)
         self.stats.lags.append(lag)

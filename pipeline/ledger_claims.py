@@ -90,15 +90,16 @@ class Chains:
         """`write(file, events)`: one file; `fetch(topic, partition, start, end)`: the log's valid
         events in [start, end), by offset; `path_for(run_id, event_type)`: a new file's path."""
         self.journal, self.recent, self.write, self.fetch, self.path_for = journal, recent, write, fetch, path_for
-        self._positions: dict[Source, int | None] = {}
+        self._positions: dict[Source, tuple[str | None, int | None]] = {}
+        """Per partition: the log (cluster id) its position counts in, and the position."""
         self._pending: dict[Source, Claim] = {}
         self._lock = threading.Lock()  # the consumer's IO thread assigns, the flush thread places
         self.completed = 0
         """Files this writer wrote for claims of another writer (or of itself before a restart)."""
 
-    def assigned(self, source: Source, position: Position) -> None:
+    def assigned(self, source: Source, position: Position, cluster: str | None) -> None:
         with self._lock:
-            self._positions[source] = position.start
+            self._positions[source] = (cluster, position.start)
             self._pending.pop(source, None)
             if position.pending is not None:
                 self._pending[source] = position.pending
@@ -137,8 +138,10 @@ class Chains:
         chain's start where the journal had no claim of this log); `known`: ids found in the ledger."""
         placed = Placed()
         with self._lock:
-            start = self._positions.get(source)
-        start = first if start is None else start
+            log_of, start = self._positions.get(source, (None, None))
+        # A position counts in one log: after a broker lost its log (a new cluster id, offsets from 0
+        # again) or for a batch that mixes two logs (no cluster), it would drop new records as old.
+        start = first if start is None or cluster is None or log_of != cluster else start
         if start is None or start >= end:
             return placed
         while True:
@@ -150,7 +153,7 @@ class Chains:
             log.info("claim of %s from %d taken (to %d): its records are that claim's", source, start, claim.end)
             self._complete(source, claim, cluster, placed)
             if claim.end >= end:
-                return self._moved(source, claim.end, placed)
+                return self._moved(source, claim.end, cluster, placed)
             start = claim.end
         for f in files:
             self.write(f, tables[f.path])
@@ -159,11 +162,11 @@ class Chains:
             placed.ids += ids
         placed.entries.append(claim.path)
         placed.duplicates += duplicates
-        return self._moved(source, end, placed)
+        return self._moved(source, end, cluster, placed)
 
-    def _moved(self, source: Source, position: int, placed: Placed) -> Placed:
+    def _moved(self, source: Source, position: int, cluster: str | None, placed: Placed) -> Placed:
         with self._lock:
-            self._positions[source] = position
+            self._positions[source] = (cluster, position)
         return placed
 
     def _plan(

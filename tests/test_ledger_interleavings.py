@@ -26,9 +26,10 @@ import pytest
 from kafka.errors import KafkaError
 
 from pipeline.bus import EventProducer, create_topics
+from pipeline.consumer import Delivered
 from pipeline.ledger import LedgerConfig, LedgerWriter, read_events
 from pipeline.ledger_journal import Journal
-from pipeline.receipts import RECEIPTS
+from pipeline.receipts import RECEIPTS, ReceiptReader
 
 from faults import ledger_ids
 from samples import sample_group
@@ -374,7 +375,38 @@ def test_a_store_error_in_the_assignment_never_lets_the_writer_go_on_without_the
         assert isinstance(raised.value.__cause__, OSError), "the control should stop on the store error"
 
 
-# 5. Readers --------------------------------------------------------------------------------------
+# 5. A broker that lost its log ---------------------------------------------------------------------
+
+
+def test_a_log_replaced_under_a_writer_loses_nothing_to_its_old_position(settings, tmp_path):
+    """The broker comes back with a new log (offsets from 0 again) before the group reassigns the
+    writer's partition: its batches of the new log, and one that mixes both logs, are written whole,
+    not dropped below the old log's position. And a receipt (which lets an outbox delete an event)
+    never names an event the ledger's files lack, even one a flush skipped as an earlier claim's."""
+    settings = local(settings, tmp_path)
+    writer = LedgerWriter(settings)
+    source = ("t", 0)
+    old, new, mixed, skipped = (sample_events(f"run-{n}", 1, seed=i) for i, n in enumerate("onms"))
+
+    def batch(events, first):
+        return [Delivered(e, *source, first + i) for i, e in enumerate(events)]
+
+    writer._load({source}, "log-a")
+    writer._flush(batch(old, 100), "log-a", polled={source: 100 + len(old)})
+    writer._flush(batch(new, 0), "log-b", polled={source: len(new)})  # not reassigned yet
+    writer._flush(batch(mixed, len(new)), None, polled={source: len(new) + len(mixed)})
+    written = old + new + mixed
+    assert sorted(ledger_ids(settings)) == sorted(e.event_id for e in written)
+    # In one log, records below the position are an earlier claim's: skipped, and not receipted.
+    writer.chains._positions[source] = ("log-b", 1000)
+    writer._flush(batch(skipped, 500), "log-b", polled={source: 500 + len(skipped)})
+    writer._receipt(force=True)
+    receipted = set(ReceiptReader(writer.fs, writer.root).new_ids())
+    assert receipted == {e.event_id for e in written}, "a receipt named an event the ledger lacks"
+    assert sorted(ledger_ids(settings)) == sorted(e.event_id for e in written)
+
+
+# 6. Readers --------------------------------------------------------------------------------------
 
 
 def test_read_events_reads_each_event_id_once(settings, tmp_path):
