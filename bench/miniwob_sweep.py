@@ -1,6 +1,6 @@
 """RL over SFT on MiniWoB++, side by side: several RL configurations from one shared warm start.
 
-    .venv/bin/python bench/miniwob_sweep.py [--rl-minutes 6] [--eval-episodes 200] [--arms demo,no-kl,kl-0.3]
+    .venv/bin/python bench/miniwob_sweep.py [--rl-minutes 6] [--eval-episodes 200] [--arms demo,no-kl,kl-0.3] [--seed 0]
 
 One fresh local stack. The first arm runs the whole learning loop (untrained evaluation, oracle
 demonstrations, SFT, the SFT evaluation, async RL, the RL evaluation); every later arm starts RL from
@@ -57,6 +57,8 @@ def main(
     demo_episodes: int = 100,
     sft_epochs: int = 4,
     arm_names: str = typer.Option("demo,no-kl,kl-0.3", "--arms"),
+    seed: int = typer.Option(0, help="RL task order and sampling (`awrl demo --seed`): one seed of the table."),
+    tag: str = typer.Option("", help="Suffix of the output files (bench/out/miniwob_sweep{tag}.json)."),
 ) -> None:
     from dataclasses import replace
 
@@ -77,6 +79,8 @@ def main(
         str(demo_episodes),
         "--sft-epochs",
         str(sft_epochs),
+        "--seed",
+        str(seed),
     ]
     results = {}
     with tempfile.TemporaryDirectory() as d:
@@ -104,7 +108,7 @@ def main(
             )
         finally:
             stack.down()
-    _report(results, first, rl_minutes, eval_episodes, invalid)
+    _report(results, first, rl_minutes, eval_episodes, invalid, seed, tag)
 
 
 def _invalid_shares(settings, eval_run_ids: list[str]) -> dict[str, float]:
@@ -130,9 +134,12 @@ def _invalid_shares(settings, eval_run_ids: list[str]) -> dict[str, float]:
     return dict(rows)
 
 
-def _report(results, first, rl_minutes: float, eval_episodes: int, invalid: dict[str, float]) -> None:
+def _report(
+    results, first, rl_minutes: float, eval_episodes: int, invalid: dict[str, float], seed: int, tag: str
+) -> None:
     sft = first.point("sft")
     out = {
+        "seed": seed,
         "rl_minutes": rl_minutes,
         "eval_episodes": eval_episodes,
         "sft": {"successes": sft.successes, "episodes": sft.episodes, "invalid_share": invalid.get(sft.eval_run_id)},
@@ -187,8 +194,8 @@ def _report(results, first, rl_minutes: float, eval_episodes: int, invalid: dict
         )
     console.print(table)
     OUT.mkdir(exist_ok=True)
-    (OUT / "miniwob_sweep.json").write_text(json.dumps(out, indent=2))
-    _plot(out, OUT / "miniwob_sweep.png")
+    (OUT / f"miniwob_sweep{tag}.json").write_text(json.dumps(out, indent=2))
+    _plot(out, OUT / f"miniwob_sweep{tag}.png")
 
 
 def _plot(out: dict, path: Path) -> None:
