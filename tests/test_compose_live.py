@@ -1,0 +1,318 @@
+"""`docker compose up` on a real Docker engine, checked from the host as a user would.
+
+A `dockerd` of its own (data under a temporary directory, stopped by PID), the images built from
+Debian's packages and PyPI (`make images`), then the user's compose file with the stand-ins of
+`docker-compose.local.yml` (the registry images cannot be pulled here): every long-running service
+healthy, the one-shot `demo` exiting 0, and its run read from the host through the published store
+port with `awrl runs` and `awrl sql`.
+
+Opt-in (`AWRL_COMPOSE_LIVE=1`): building the images takes minutes that `make test`'s budget does not
+have yet. `AWRL_DOCKER_ROOT=DIR` keeps the engine's data (and so its images) between runs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import compose
+import pytest
+
+from pipeline.settings import StackSettings
+
+from faults import ledger_ids
+from test_dagster_ui import dagster_dev_server, wait_for_partitions
+
+ROOT = Path(__file__).resolve().parents[1]
+BINARY = Path(compose.__file__).parent / "docker-compose"
+FILES = ("-f", str(ROOT / "docker-compose.yml"), "-f", str(ROOT / "docker-compose.local.yml"))
+PROJECT = "awrl-live"
+WAIT_S = 45 * 60.0
+"""Bounds a hang only: every wait is for a state (healthy, exited), never a duration."""
+LONG_RUNNING = ("kafka", "minio")
+AWRL = str(ROOT / ".venv" / "bin" / "awrl")
+# Debian's CLI: it builds with the engine's own BuildKit (a CLI without the buildx plugin cannot).
+DOCKER = "/usr/bin/docker" if Path("/usr/bin/docker").exists() else "docker"
+
+pytestmark = [
+    pytest.mark.skipif(
+        os.environ.get("AWRL_COMPOSE_LIVE") != "1", reason="set AWRL_COMPOSE_LIVE=1 to build the images and run compose"
+    ),
+    pytest.mark.timeout(2 * WAIT_S),  # the images, the stack and the demo are set up inside the first test's
+]
+
+
+def _engine_missing() -> str | None:
+    if os.geteuid() != 0:
+        return "dockerd needs root"
+    for tool in ("dockerd", "debootstrap"):
+        if shutil.which(tool) is None:
+            return f"{tool} is not installed (apt-get install docker.io debootstrap)"
+    return None
+
+
+def _wait(predicate, what: str, timeout_s: float = WAIT_S, every_s: float = 2.0):
+    deadline = time.monotonic() + timeout_s
+    while True:
+        got = predicate()
+        if got:
+            return got
+        assert time.monotonic() < deadline, f"waited {timeout_s:.0f} s for {what}"
+        time.sleep(every_s)
+
+
+class Engine:
+    """A Docker engine of this test's own, on a socket of its own."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        # containerd's sockets live under the exec root: a unix socket path must stay under 108 bytes
+        self.run_dir = Path(tempfile.mkdtemp(prefix="awrl-dx-", dir="/tmp"))
+        self.env = {**os.environ, "DOCKER_HOST": f"unix://{self.run_dir}/docker.sock"}
+        for key in [k for k in self.env if k.startswith("AWRL_")]:
+            del self.env[key]  # compose interpolates only the test's env file
+        self.log = (root / "dockerd.log").open("ab")
+        self.proc = subprocess.Popen(
+            [
+                "dockerd",
+                "--data-root",
+                str(root / "data"),
+                "--exec-root",
+                str(self.run_dir / "exec"),
+                "--pidfile",
+                str(self.run_dir / "dockerd.pid"),
+                "-H",
+                self.env["DOCKER_HOST"],
+                "--storage-driver",
+                os.environ.get("AWRL_DOCKER_STORAGE", "overlay2"),
+            ],
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        _wait(lambda: self.docker("info", check=False).returncode == 0, "dockerd to answer", 120, 1.0)
+
+    def docker(self, *args: str, check: bool = True, timeout: float = 600) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [DOCKER, *args], env=self.env, capture_output=True, text=True, check=check, timeout=timeout
+        )
+
+    def compose(self, env_file: Path, *args: str, check: bool = True, timeout: float = 600):
+        out = subprocess.run(
+            [str(BINARY), "-p", PROJECT, "--env-file", str(env_file), *FILES, *args],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            cwd=ROOT,
+        )
+        assert not check or out.returncode == 0, f"docker compose {' '.join(args)}:\n{out.stdout}\n{out.stderr}"
+        return out
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)  # dockerd stops its containers and its containerd
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(30)
+        self.log.close()
+        shutil.rmtree(self.run_dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    missing = _engine_missing()
+    if missing:
+        pytest.skip(missing)
+    kept = os.environ.get("AWRL_DOCKER_ROOT")
+    root = Path(kept) if kept else tmp_path_factory.mktemp("docker")
+    root.mkdir(parents=True, exist_ok=True)
+    engine = Engine(root)
+    try:
+        yield engine
+    finally:
+        engine.stop()
+        if not kept:
+            shutil.rmtree(root, ignore_errors=True)  # image layers: gigabytes
+
+
+@pytest.fixture(scope="module")
+def images(engine) -> dict[str, float]:
+    """`make images` once per engine (a kept engine keeps them): each image's size in MB."""
+    names = ("asyncwebrl-base:bookworm", "asyncwebrl:dev", "asyncwebrl-s3:dev")
+    if any(engine.docker("image", "inspect", n, check=False).returncode for n in names):
+        started = time.monotonic()
+        built = subprocess.run(
+            ["make", "images", f"DOCKER={DOCKER}"],
+            cwd=ROOT,
+            env=engine.env,
+            capture_output=True,
+            text=True,
+            timeout=3600,
+        )
+        assert built.returncode == 0, built.stdout[-4000:] + built.stderr[-4000:]
+        print(f"make images: {time.monotonic() - started:.0f} s")
+    return {n: int(engine.docker("image", "inspect", "-f", "{{.Size}}", n).stdout) / 1e6 for n in names}
+
+
+def _env_file(where: Path) -> Path:
+    """.env.example with fresh secrets: what a user's `cp .env.example .env` and edit gives."""
+    text = (ROOT / ".env.example").read_text()
+    for placeholder in ("change-me-access-key", "change-me-secret-key", "change-me-postgres-password"):
+        text = text.replace(placeholder, secrets.token_hex(12))
+    path = where / ".env"
+    path.write_text(text)
+    return path
+
+
+def _states(engine: Engine, env_file: Path) -> dict[str, dict]:
+    out = engine.compose(env_file, "ps", "-a", "--format", "json").stdout
+    rows = [json.loads(line) for line in out.splitlines() if line.strip()]
+    if len(rows) == 1 and isinstance(rows[0], list):  # some compose versions print one array
+        rows = rows[0]
+    return {r["Service"]: r for r in rows}
+
+
+def _host_settings(env_file: Path) -> StackSettings:
+    """The stack's settings as the host reads them from .env (the published store port)."""
+    env = _host_env(env_file)
+    return StackSettings(**{k: env[f"AWRL_{k.upper()}"] for k in ("s3_endpoint", "s3_access_key", "s3_secret_key",
+                                                                  "s3_bucket", "ledger_uri")})  # fmt: skip
+
+
+def _host_env(env_file: Path) -> dict[str, str]:
+    """The host's `awrl`, configured by the same .env as compose (the published store port)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWRL_")}
+    for line in env_file.read_text().splitlines():
+        if line and not line.startswith("#") and "=" in line:
+            key, value = line.split("=", 1)
+            env[key] = value
+    return env
+
+
+@pytest.fixture(scope="module")
+def stack(engine, images, tmp_path_factory):
+    """`docker compose up` with the stand-ins, until the demo's one-shot service has exited."""
+    env_file = _env_file(tmp_path_factory.mktemp("compose"))
+    started = time.monotonic()
+    engine.compose(env_file, "up", "-d", "--no-build")
+    try:
+        healthy = _wait(
+            lambda: all(_states(engine, env_file).get(s, {}).get("Health") == "healthy" for s in LONG_RUNNING),
+            "the broker and the store to be healthy",
+        )
+        times = {"healthy_s": time.monotonic() - started} if healthy else {}
+        demo = _wait(
+            lambda: (s := _states(engine, env_file).get("demo")) and s.get("State") == "exited" and s,
+            "the demo to exit",
+            every_s=5.0,
+        )
+        times["demo_s"] = time.monotonic() - started
+        print(f"compose: {times}, images (MB): {images}")
+        yield env_file, demo, times
+    finally:
+        logs = engine.compose(env_file, "logs", "--no-color", "--tail", "200", check=False).stdout
+        (tmp_path_factory.getbasetemp() / "compose.log").write_text(logs)
+        engine.compose(env_file, "down", "-v", check=False)
+
+
+def test_compose_up_runs_the_demo_and_the_host_reads_it(stack):
+    env_file, demo, times = stack
+    assert demo.get("ExitCode") == 0, f"the demo exited {demo.get('ExitCode')}"
+    env = _host_env(env_file)
+    runs = subprocess.run([AWRL, "runs"], env=env, capture_output=True, text=True, timeout=300)
+    assert runs.returncode == 0, runs.stderr
+    assert "demo" in runs.stdout, runs.stdout
+    count = subprocess.run(
+        [AWRL, "sql", "SELECT count(*) AS n FROM trajectories"], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert count.returncode == 0, count.stderr
+    numbers = [int(w) for w in count.stdout.replace("│", " ").split() if w.isdigit()]
+    assert numbers and max(numbers) > 0, count.stdout
+
+
+LOG_IDS = """
+import json, sys
+from pipeline.consumer import read_log
+from pipeline.settings import StackSettings
+from pipeline.topics import ROLLOUT, TASKS, TRAINER
+s = StackSettings()
+ids = {e.event_id for t in (TASKS, ROLLOUT, TRAINER) for e in read_log(s, t) if e.run_id == sys.argv[1]}
+print(json.dumps(sorted(ids)))
+"""
+"""The run's event ids in the broker's log, read on the compose network (no broker port is published)."""
+
+
+def _container(engine: Engine, env_file: Path, service: str) -> dict:
+    cid = engine.compose(env_file, "ps", "-q", service).stdout.strip()
+    assert cid, f"no {service} container"
+    return json.loads(engine.docker("inspect", cid).stdout)[0]
+
+
+def test_a_training_run_survives_its_ledger_writer_killed_and_replays_from_the_host(engine, stack, tmp_path):
+    """The `ledger` service (as the app profile runs it) follows the log while a short training run
+    (`awrl run`: pool, trainer and a writer of its own, in the application image on the compose
+    network) makes 2 updates. The service's process is SIGKILLed from the host mid-run: a crash, which
+    its restart policy answers (`docker kill` would count as a manual stop). Every event the broker
+    acknowledged is in the ledger once, and the host's `awrl replay` reproduces the run's updates bit
+    for bit from the compose store."""
+    env_file, _, _ = stack
+    run_id = f"live-{secrets.token_hex(3)}"
+    engine.compose(env_file, "--profile", "app", "up", "-d", "--no-build", "--no-deps", "ledger")
+    run = subprocess.Popen(
+        [str(BINARY), "-p", PROJECT, "--env-file", str(env_file), *FILES, "run", "--rm", "--no-deps", "demo",
+         "awrl", "run", "--run-id", run_id, "--rollout.suite", "boxes", "--rollout.policy", "demo",
+         "--rollout.noise", "0.5", "--train.groups-per-update", "1", "--train.no-dynamic-sampling",
+         "--train.max-updates", "2", "--minutes", "30"],
+        env=engine.env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    settings = _host_settings(env_file)
+    _wait(lambda: ledger_ids(settings, run_id), "the run's first events in the ledger", every_s=1.0)
+    before = _container(engine, env_file, "ledger")
+    os.kill(before["State"]["Pid"], signal.SIGKILL)
+    _wait(
+        lambda: (
+            (c := _container(engine, env_file, "ledger"))["RestartCount"] > before["RestartCount"]
+            and c["State"]["Running"]
+        ),
+        "compose's restart policy to bring the ledger writer back",
+    )
+    out, _ = run.communicate(timeout=WAIT_S)
+    assert run.returncode == 0, out[-4000:]
+    read = engine.compose(env_file, "run", "--rm", "--no-deps", "demo", "python", "-c", LOG_IDS, run_id)
+    logged = json.loads(read.stdout.splitlines()[-1])
+    assert logged, "the run's events should be in the broker's log"
+    _wait(lambda: set(ledger_ids(settings, run_id)) >= set(logged), "every acknowledged event in the ledger")
+    ids = ledger_ids(settings, run_id)
+    assert len(ids) == len(set(ids)), "an event was written twice"
+    assert set(ids) == set(logged)
+    replay = subprocess.run(
+        [AWRL, "replay", run_id, "--out", str(tmp_path)],
+        env=_host_env(env_file),
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert replay.returncode == 0, replay.stdout[-3000:] + replay.stderr[-3000:]
+
+
+def test_dagster_dev_on_the_host_shows_the_compose_runs(stack, tmp_path):
+    """The card's second command: `dagster dev` on the host, reading the same .env, adds the runs of
+    the compose store's ledger as partitions."""
+    env_file, _, _ = stack
+    env = _host_env(env_file)
+    listed = subprocess.run([AWRL, "runs", "--format", "json"], env=env, capture_output=True, text=True, timeout=300)
+    assert listed.returncode == 0, listed.stderr
+    run_ids = {r["run_id"] for r in json.loads(listed.stdout)}
+    with dagster_dev_server(tmp_path, {k: v for k, v in env.items() if k.startswith("AWRL_")}) as base:
+        keys = wait_for_partitions(base, "steps")
+    assert keys and set(keys) <= run_ids, (keys, run_ids)
