@@ -22,16 +22,16 @@ import tempfile
 import time
 from pathlib import Path
 
-import compose
 import pytest
+from dotenv import dotenv_values
 
 from pipeline.settings import StackSettings
 
 from faults import ledger_ids
-from test_dagster_ui import dagster_dev_server, wait_for_partitions
+from test_compose import BINARY
+from test_dagster_ui import _wait, dagster_dev_server, wait_for_partitions
 
 ROOT = Path(__file__).resolve().parents[1]
-BINARY = Path(compose.__file__).parent / "docker-compose"
 FILES = ("-f", str(ROOT / "docker-compose.yml"), "-f", str(ROOT / "docker-compose.local.yml"))
 PROJECT = "awrl-live"
 WAIT_S = 45 * 60.0
@@ -56,16 +56,6 @@ def _engine_missing() -> str | None:
         if shutil.which(tool) is None:
             return f"{tool} is not installed (apt-get install docker.io debootstrap)"
     return None
-
-
-def _wait(predicate, what: str, timeout_s: float = WAIT_S, every_s: float = 2.0):
-    deadline = time.monotonic() + timeout_s
-    while True:
-        got = predicate()
-        if got:
-            return got
-        assert time.monotonic() < deadline, f"waited {timeout_s:.0f} s for {what}"
-        time.sleep(every_s)
 
 
 class Engine:
@@ -97,16 +87,21 @@ class Engine:
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-        _wait(lambda: self.docker("info", check=False).returncode == 0, "dockerd to answer", 120, 1.0)
+        _wait("dockerd to answer", lambda: self.docker("info", check=False).returncode == 0, 120, every=1.0)
 
     def docker(self, *args: str, check: bool = True, timeout: float = 600) -> subprocess.CompletedProcess:
         return subprocess.run(
             [DOCKER, *args], env=self.env, capture_output=True, text=True, check=check, timeout=timeout
         )
 
+    @staticmethod
+    def compose_argv(env_file: Path) -> list[str]:
+        """`docker compose` on the user's file with the stand-ins, as this test's project."""
+        return [str(BINARY), "-p", PROJECT, "--env-file", str(env_file), *FILES]
+
     def compose(self, env_file: Path, *args: str, check: bool = True, timeout: float = 600):
         out = subprocess.run(
-            [str(BINARY), "-p", PROJECT, "--env-file", str(env_file), *FILES, *args],
+            [*self.compose_argv(env_file), *args],
             env=self.env,
             capture_output=True,
             text=True,
@@ -191,12 +186,7 @@ def _host_settings(env_file: Path) -> StackSettings:
 
 def _host_env(env_file: Path) -> dict[str, str]:
     """The host's `awrl`, configured by the same .env as compose (the published store port)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AWRL_")}
-    for line in env_file.read_text().splitlines():
-        if line and not line.startswith("#") and "=" in line:
-            key, value = line.split("=", 1)
-            env[key] = value
-    return env
+    return {**{k: v for k, v in os.environ.items() if not k.startswith("AWRL_")}, **dotenv_values(env_file)}
 
 
 @pytest.fixture(scope="module")
@@ -206,15 +196,17 @@ def stack(engine, images, tmp_path_factory):
     started = time.monotonic()
     engine.compose(env_file, "up", "-d", "--no-build")
     try:
-        healthy = _wait(
-            lambda: all(_states(engine, env_file).get(s, {}).get("Health") == "healthy" for s in LONG_RUNNING),
+        _wait(
             "the broker and the store to be healthy",
+            lambda: all(_states(engine, env_file).get(s, {}).get("Health") == "healthy" for s in LONG_RUNNING),
+            WAIT_S,
         )
-        times = {"healthy_s": time.monotonic() - started} if healthy else {}
+        times = {"healthy_s": time.monotonic() - started}
         demo = _wait(
-            lambda: (s := _states(engine, env_file).get("demo")) and s.get("State") == "exited" and s,
             "the demo to exit",
-            every_s=5.0,
+            lambda: (s := _states(engine, env_file).get("demo")) and s.get("State") == "exited" and s,
+            WAIT_S,
+            every=5.0,
         )
         times["demo_s"] = time.monotonic() - started
         print(f"compose: {times}, images (MB): {images}")
@@ -269,29 +261,30 @@ def test_a_training_run_survives_its_ledger_writer_killed_and_replays_from_the_h
     run_id = f"live-{secrets.token_hex(3)}"
     engine.compose(env_file, "--profile", "app", "up", "-d", "--no-build", "--no-deps", "ledger")
     run = subprocess.Popen(
-        [str(BINARY), "-p", PROJECT, "--env-file", str(env_file), *FILES, "run", "--rm", "--no-deps", "demo",
+        [*engine.compose_argv(env_file), "run", "--rm", "--no-deps", "demo",
          "awrl", "run", "--run-id", run_id, "--rollout.suite", "boxes", "--rollout.policy", "demo",
          "--rollout.noise", "0.5", "--train.groups-per-update", "1", "--train.no-dynamic-sampling",
          "--train.max-updates", "2", "--minutes", "30"],
         env=engine.env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     settings = _host_settings(env_file)
-    _wait(lambda: ledger_ids(settings, run_id), "the run's first events in the ledger", every_s=1.0)
+    _wait("the run's first events in the ledger", lambda: ledger_ids(settings, run_id), WAIT_S, every=1.0)
     before = _container(engine, env_file, "ledger")
     os.kill(before["State"]["Pid"], signal.SIGKILL)
     _wait(
+        "compose's restart policy to bring the ledger writer back",
         lambda: (
             (c := _container(engine, env_file, "ledger"))["RestartCount"] > before["RestartCount"]
             and c["State"]["Running"]
         ),
-        "compose's restart policy to bring the ledger writer back",
+        WAIT_S,
     )
     out, _ = run.communicate(timeout=WAIT_S)
     assert run.returncode == 0, out[-4000:]
     read = engine.compose(env_file, "run", "--rm", "--no-deps", "demo", "python", "-c", LOG_IDS, run_id)
     logged = json.loads(read.stdout.splitlines()[-1])
     assert logged, "the run's events should be in the broker's log"
-    _wait(lambda: set(ledger_ids(settings, run_id)) >= set(logged), "every acknowledged event in the ledger")
+    _wait("every acknowledged event in the ledger", lambda: set(ledger_ids(settings, run_id)) >= set(logged), WAIT_S)
     ids = ledger_ids(settings, run_id)
     assert len(ids) == len(set(ids)), "an event was written twice"
     assert set(ids) == set(logged)
