@@ -55,6 +55,11 @@ MALFORMED = frozenset({"invalid_action", "no_such_mark"})
 """Step errors of output that is not an action on this screen (`EpisodeConfig.malformed_reward`)."""
 
 
+class PolicyLoadError(RuntimeError):
+    """A published version could not be loaded: the pool's failure, not the environment's, so it is not
+    an episode's `env_error` but ends the pool (whose groups another pool runs again)."""
+
+
 @dataclass
 class EpisodeContext:
     """What an episode needs from the pool around it."""
@@ -66,7 +71,8 @@ class EpisodeContext:
     emit: Callable[[Event], None]
     put_screenshot: Callable[[bytes], Awaitable[str]]
     refresh: Callable[[], Awaitable[None]]
-    """Called between steps: loads a newer policy version in place if one was published."""
+    """Called between steps: loads a newer policy version in place if one was published (raises
+    `PolicyLoadError` if it cannot)."""
     config: EpisodeConfig
     judge: ModelJudge | None = None
     """The model judge that gives the reward (`config.judge` model); None: the suite's rule."""
@@ -103,6 +109,8 @@ async def run_episode(ctx: EpisodeContext, task: Task, group_id: str) -> Episode
         steps = verdict[1]
         outcome = "success" if verdict[0].success else "failure"
         reason = verdict[0].reason
+    except PolicyLoadError:
+        raise
     except Exception as exc:  # the browser died or hung: the environment failed, not the agent
         ctx.worker.kill()
         outcome, reason, answer = "env_error", f"{type(exc).__name__}: {(str(exc) or '-').splitlines()[0][:300]}", None

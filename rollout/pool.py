@@ -28,7 +28,7 @@ from pipeline.settings import StackSettings
 from pipeline.store import ScreenshotStore
 from pipeline.topics import TASKS, TRAINER
 from rollout.browser import BrowserConfig, BrowserWorker
-from rollout.episode import EpisodeConfig, EpisodeContext, run_episode
+from rollout.episode import EpisodeConfig, EpisodeContext, PolicyLoadError, run_episode
 from rollout.episode_journal import EpisodeJournal, reap
 from rollout.judges import ModelJudge
 from rollout.types import Policy, Suite
@@ -153,8 +153,11 @@ class RolloutPool:
             self.workers = workers
             self.stats.started = time.monotonic()  # rates count from when the browsers are up
             runners = [asyncio.create_task(self._work(w, jobs)) for w in workers]
-            await self._all_done.wait()
+            failed = await _first_failure(self._all_done, runners)
             await _cancel_all(runners)
+            if failed is not None:  # a worker that died quietly would leave a pool that looks alive
+                self._stop.set()
+                raise failed
             await asyncio.gather(*self._announcing, return_exceptions=True)  # groups already announced
             await asyncio.gather(*(w.close() for w in workers))
         self._stop.set()
@@ -300,7 +303,10 @@ class RolloutPool:
             async with self._refresh_lock:
                 if latest.version > self.policy.version:
                     t0 = time.perf_counter()
-                    await self.policy.refresh(latest.version, latest.checkpoint_uri, latest.checkpoint_sha256)
+                    try:
+                        await self.policy.refresh(latest.version, latest.checkpoint_uri, latest.checkpoint_sha256)
+                    except Exception as exc:
+                        raise PolicyLoadError(f"loading version {latest.version} failed: {exc!r}") from exc
                     self._loaded(latest, time.perf_counter() - t0)
 
     def _loaded(self, version: PolicyVersionPublished, load_s: float) -> None:
@@ -391,6 +397,15 @@ class RolloutPool:
             self.producer,
             client_id="rollout-versions",
         )
+
+
+async def _first_failure(done: asyncio.Event, runners: list[asyncio.Task]) -> BaseException | None:
+    """Wait until `done` is set or a runner ends; the exception of a runner that raised, else None."""
+    waiting = asyncio.create_task(done.wait())
+    finished, _ = await asyncio.wait([waiting, *runners], return_when=asyncio.FIRST_COMPLETED)
+    waiting.cancel()
+    failed = [t for t in finished if t is not waiting and not t.cancelled() and t.exception() is not None]
+    return failed[0].exception() if failed else None
 
 
 async def _cancel_all(tasks: list[asyncio.Task]) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -20,7 +21,7 @@ from pipeline.ledger import LedgerWriter
 from pipeline.store import ScreenshotStore
 from pipeline.topics import ROLLOUT
 from rollout.dispatcher import dispatch, task_stream
-from rollout.episode import EpisodeConfig
+from rollout.episode import EpisodeConfig, PolicyLoadError
 from rollout.policy.scripted import OraclePolicy
 from rollout.pool import PoolConfig, RolloutPool
 from schemas import EpisodeFinished, EpisodeStarted, GroupCompleted, PolicyVersionPublished, StepRecorded
@@ -202,8 +203,9 @@ def test_garbage_output_becomes_invalid_action_steps(settings, sites, streak):
     )
 
 
-def test_new_policy_version_is_picked_up_between_steps(settings, sites):
-    multi = [t for t in sites.tasks("train") if len(t.oracle) >= 4]
+@contextlib.contextmanager
+def version_1_after_the_first_step(settings):
+    """Publishes policy version 1 as soon as the first step is in the log (the trainer's first update)."""
     publisher = EventProducer(settings)
     consumer = EventConsumer(settings, f"watch-{uuid.uuid4().hex[:6]}", [ROLLOUT], publisher)
 
@@ -222,10 +224,18 @@ def test_new_policy_version_is_picked_up_between_steps(settings, sites):
 
     t = threading.Thread(target=publish_after_first_step)
     t.start()
-    _, stats, delivered = run_pool(
-        settings, sites, OraclePolicy({"sites": sites}), groups=2, workers=2, group_size=2, tasks=multi
-    )
-    t.join(), consumer.close(), publisher.close()
+    try:
+        yield
+    finally:
+        t.join(), consumer.close(), publisher.close()
+
+
+def test_new_policy_version_is_picked_up_between_steps(settings, sites):
+    multi = [t for t in sites.tasks("train") if len(t.oracle) >= 4]
+    with version_1_after_the_first_step(settings):
+        _, stats, delivered = run_pool(
+            settings, sites, OraclePolicy({"sites": sites}), groups=2, workers=2, group_size=2, tasks=multi
+        )
     versions = {
         tid: [e.policy_version for e in evs if isinstance(e, StepRecorded)]
         for tid, evs in by_trajectory(delivered).items()
@@ -234,6 +244,24 @@ def test_new_policy_version_is_picked_up_between_steps(settings, sites):
     assert all(v == sorted(v) for v in versions.values())
     completed = [d.event for d in delivered if isinstance(d.event, GroupCompleted)]
     assert max(c.max_policy_version for c in completed) == 1
+
+
+class _UnwritableCache(OraclePolicy):
+    """Loading a version fails as it did in the compose image, whose checkpoint cache the pool's user
+    could not write."""
+
+    async def refresh(self, version: int, checkpoint_uri: str, checkpoint_sha256: str | None = None) -> None:
+        raise PermissionError(13, "Permission denied", "/cache/awrl")
+
+
+@pytest.mark.timeout(300)  # the fault was a pool that never returned
+def test_a_worker_that_fails_fails_the_pool(settings, sites):
+    """A version the pool cannot load ends its run with that error (a service crash, which a restart
+    policy answers): not an episode's `env_error` that kills a healthy browser, nor a pool whose workers
+    are gone while its heartbeat says it is alive."""
+    multi = [t for t in sites.tasks("train") if len(t.oracle) >= 4]
+    with version_1_after_the_first_step(settings), pytest.raises(PolicyLoadError, match="Permission denied"):
+        run_pool(settings, sites, _UnwritableCache({"sites": sites}), groups=2, workers=2, group_size=2, tasks=multi)
 
 
 def stack_env(settings) -> dict:
