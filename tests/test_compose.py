@@ -28,8 +28,16 @@ ENV_EXAMPLE = ROOT / ".env.example"
 ALL_PROFILES = ("app", "dagster")
 
 
-def _compose(env_file: Path, profiles: tuple[str, ...], *command: str) -> subprocess.CompletedProcess:
-    args = [str(BINARY), "-f", str(ROOT / "docker-compose.yml"), "--env-file", str(env_file)]
+COMPOSE_FILES = ("docker-compose.yml", "docker-compose.local.yml", "docker-compose.cpu.yml")
+"""The user's file and its two overrides (registry stand-ins, the app profile without a GPU)."""
+
+
+def _compose(
+    env_file: Path, profiles: tuple[str, ...], *command: str, overrides: tuple[str, ...] = ()
+) -> subprocess.CompletedProcess:
+    args = [str(BINARY), "--env-file", str(env_file)]
+    for f in ("docker-compose.yml", *overrides):
+        args += ["-f", str(ROOT / f)]
     for p in profiles:
         args += ["--profile", p]
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWRL_")}
@@ -40,9 +48,11 @@ def config(env_file: Path, *profiles: str) -> subprocess.CompletedProcess:
     return _compose(env_file, profiles, "config", "--quiet")
 
 
-def model(env_file: Path = ENV_EXAMPLE, profiles: tuple[str, ...] = ALL_PROFILES) -> dict:
+def model(
+    env_file: Path = ENV_EXAMPLE, profiles: tuple[str, ...] = ALL_PROFILES, overrides: tuple[str, ...] = ()
+) -> dict:
     """The interpolated compose model, as `docker compose config --format json` prints it."""
-    result = _compose(env_file, profiles, "config", "--format", "json")
+    result = _compose(env_file, profiles, "config", "--format", "json", overrides=overrides)
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout)
 
@@ -61,8 +71,9 @@ def _flag(argv: list[str], name: str) -> str:
 
 
 @pytest.mark.parametrize("profiles", [(), ("app",), ("app", "dagster")])
-def test_compose_file_is_valid(profiles):
-    result = config(ENV_EXAMPLE, *profiles)
+@pytest.mark.parametrize("overrides", [(), ("docker-compose.local.yml",), ("docker-compose.cpu.yml",)])
+def test_compose_file_is_valid(profiles, overrides):
+    result = _compose(ENV_EXAMPLE, profiles, "config", "--quiet", overrides=overrides)
     assert result.returncode == 0, result.stderr
 
 
@@ -281,7 +292,8 @@ def test_every_awrl_command_parses():
     from app.cli import check_args
 
     calls = []
-    for name, service in model()["services"].items():
+    cpu = model(profiles=("app",), overrides=("docker-compose.cpu.yml",))["services"]
+    for name, service in [*model()["services"].items(), *((f"{n} (cpu)", cpu[n]) for n in ("rollout", "trainer"))]:
         for what, command in (
             ("command", service.get("command")),
             ("healthcheck", (service.get("healthcheck") or {}).get("test")),
@@ -297,15 +309,17 @@ def test_every_awrl_command_parses():
         "rollout healthcheck",
         "trainer healthcheck",
         "ledger healthcheck",
+        "rollout (cpu) command",
+        "trainer (cpu) command",
     }
     for where, argv in calls:
         assert check_args(argv[1:]) is None, f"{where}: {shlex.join(argv)}: {check_args(argv[1:])}"
 
 
 def _compose_variables() -> set[str]:
-    """Every ${VAR...} interpolated in docker-compose.yml (comment lines and $$-escapes aside)."""
+    """Every ${VAR...} interpolated in the compose files (comment lines and $$-escapes aside)."""
     names = set()
-    for line in (ROOT / "docker-compose.yml").read_text().splitlines():
+    for line in "\n".join((ROOT / f).read_text() for f in COMPOSE_FILES).splitlines():
         if line.lstrip().startswith("#"):
             continue
         names |= set(re.findall(r"(?<!\$)\$\{([A-Za-z_][A-Za-z0-9_]*)", line))
@@ -392,3 +406,33 @@ def test_image_torch_build_follows_env(tmp_path):
     assert {services[n]["build"]["args"]["TORCH_BUILD"] for n in built} == {"cpu"}
     dockerfile = (ROOT / "docker" / "Dockerfile").read_text()
     assert "ARG TORCH_BUILD=cuda" in dockerfile and "https://download.pytorch.org/whl/cpu" in dockerfile
+
+
+def test_the_cpu_override_trains_without_a_gpu(tmp_path):
+    """docker-compose.cpu.yml: the app profile with no vLLM server and no GPU reserved; the pool samples
+    with the local policy from the same model directory the trainer (CPU ranks) starts from, which
+    the one-shot policy-init fills first."""
+    env = _env_with(tmp_path, AWRL_TRAINER_NPROC="2")
+    services = model(env, ("app",), overrides=("docker-compose.cpu.yml",))["services"]
+    assert "vllm" not in services and "policy-init" in services
+    assert [n for n, s in services.items() if "deploy" in s] == []
+    rollout, trainer, init = services["rollout"], services["trainer"], services["policy-init"]
+    assert _flag(rollout["command"], "--policy") == "local" and _flag(trainer["command"], "--nproc") == "2"
+    for flag in ("--run-id", "--model-dir", "--eta", "--groups-per-update"):
+        assert _flag(trainer["command"], flag) == _flag(rollout["command"], flag), flag
+    assert init["command"][-1] == _flag(trainer["command"], "--model-dir")
+    for service in (rollout, trainer):
+        assert "vllm" not in service["depends_on"]
+        assert service["depends_on"]["policy-init"]["condition"] == "service_completed_successfully"
+    # the GPU deployment is unchanged without the override
+    assert "vllm" in model(env, ("app",))["services"]
+
+
+def test_the_dagster_image_pins_the_library_of_the_projects_dagster():
+    """dagster-postgres pins dagster exactly (libraries are 0.(minor+16).patch of core 1.minor.patch): the
+    Dockerfile's pin must be the project's dagster's, or the dagster image cannot be built (a pin one
+    release ahead of PyPI once was)."""
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    (core,) = [d.split("==")[1] for d in deps if d.startswith("dagster==")]
+    _, minor, patch = core.split(".")
+    assert f"dagster-postgres==0.{int(minor) + 16}.{patch}" in (ROOT / "docker" / "Dockerfile").read_text()

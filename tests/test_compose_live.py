@@ -2,13 +2,17 @@
 
 A `dockerd` of its own (data under a temporary directory, stopped by PID), the images built from
 Debian's packages and PyPI (`make images`), then the user's compose file with the stand-ins of
-`docker-compose.local.yml` (the registry images cannot be pulled here): every long-running service
-healthy, the one-shot `demo` exiting 0, and its run read from the host through the published store
-port with `awrl runs` and `awrl sql`.
+`docker-compose.local.yml` (the registry images cannot be pulled here) and the app profile of
+`docker-compose.cpu.yml` (no GPU here):
+- `up`: every long-running service healthy, the one-shot `demo` exiting 0, and its run read from the
+  host through the published store port with `awrl runs` and `awrl sql`;
+- `--profile app up`: rollout pool, torchrun trainer (2 ranks) and ledger writer train a run through the
+  writer's crash, losing and repeating no event, and the host replays the run's updates;
+- `dagster dev` on the host and `--profile dagster up` (on PostgreSQL) show the compose runs.
 
-Opt-in (`AWRL_COMPOSE_LIVE=1`): building the images takes minutes that `make test`'s budget does not
-have yet. `AWRL_DOCKER_ROOT=DIR` keeps the engine's data (and so its images) between runs.
-"""
+Skipped, with the reason, where no engine can start (not root, no `dockerd` or `debootstrap`: `make
+setup` installs both); `AWRL_COMPOSE_LIVE=0` skips it too. `AWRL_DOCKER_ROOT=DIR` keeps the engine's
+data (and so its images) between runs."""
 
 from __future__ import annotations
 
@@ -22,9 +26,11 @@ import tempfile
 import time
 from pathlib import Path
 
+import pyarrow.compute as pc
 import pytest
 from dotenv import dotenv_values
 
+from pipeline.ledger import read_events
 from pipeline.settings import StackSettings
 
 from faults import ledger_ids
@@ -32,19 +38,25 @@ from test_compose import BINARY
 from test_dagster_ui import _wait, dagster_dev_server, wait_for_partitions
 
 ROOT = Path(__file__).resolve().parents[1]
-FILES = ("-f", str(ROOT / "docker-compose.yml"), "-f", str(ROOT / "docker-compose.local.yml"))
+FILES = [
+    a
+    for f in ("docker-compose.yml", "docker-compose.local.yml", "docker-compose.cpu.yml")
+    for a in ("-f", str(ROOT / f))
+]
+"""The user's file, the registry stand-ins and the app profile without a GPU (which changes nothing in
+the default profile: `tests/test_compose.py`)."""
 PROJECT = "awrl-live"
 WAIT_S = 45 * 60.0
 """Bounds a hang only: every wait is for a state (healthy, exited), never a duration."""
 LONG_RUNNING = ("kafka", "minio")
+DAGSTER_PORT = 3000
+"""The dagster profile's webserver, published on 127.0.0.1 (docker-compose.yml)."""
 AWRL = str(ROOT / ".venv" / "bin" / "awrl")
 # Debian's CLI: it builds with the engine's own BuildKit (a CLI without the buildx plugin cannot).
 DOCKER = "/usr/bin/docker" if Path("/usr/bin/docker").exists() else "docker"
 
 pytestmark = [
-    pytest.mark.skipif(
-        os.environ.get("AWRL_COMPOSE_LIVE") != "1", reason="set AWRL_COMPOSE_LIVE=1 to build the images and run compose"
-    ),
+    pytest.mark.skipif(os.environ.get("AWRL_COMPOSE_LIVE") == "0", reason="AWRL_COMPOSE_LIVE=0"),
     pytest.mark.timeout(2 * WAIT_S),  # the images, the stack and the demo are set up inside the first test's
 ]
 
@@ -143,7 +155,8 @@ def engine(tmp_path_factory):
 @pytest.fixture(scope="module")
 def images(engine) -> dict[str, float]:
     """`make images` once per engine (a kept engine keeps them): each image's size in MB."""
-    names = ("asyncwebrl-base:bookworm", "asyncwebrl:dev", "asyncwebrl-s3:dev")
+    names = ("asyncwebrl-base:bookworm", "asyncwebrl:dev", "asyncwebrl-dagster:dev", "asyncwebrl-s3:dev",
+             "asyncwebrl-postgres:dev")  # fmt: skip
     if any(engine.docker("image", "inspect", n, check=False).returncode for n in names):
         started = time.monotonic()
         built = subprocess.run(
@@ -159,13 +172,27 @@ def images(engine) -> dict[str, float]:
     return {n: int(engine.docker("image", "inspect", "-f", "{{.Size}}", n).stdout) / 1e6 for n in names}
 
 
+APP_ENV = {
+    "AWRL_TRAINER_NPROC": "2",
+    "AWRL_ROLLOUT_POLICY": "demo",
+    "AWRL_ROLLOUT_NOISE": "0.5",
+    "AWRL_SUITE": "boxes",
+    "AWRL_GROUPS_PER_UPDATE": "1",
+}
+"""The app profile's settings in .env (docker-compose.cpu.yml's): 2 trainer ranks, and groups that
+differ from the first episode (the oracle's actions, half of them random, scored by the local model)."""
+
+
 def _env_file(where: Path) -> Path:
-    """.env.example with fresh secrets: what a user's `cp .env.example .env` and edit gives."""
+    """.env.example with fresh secrets (what a user's `cp .env.example .env` and edit gives), a run id
+    of its own for the app profile, and its models folder under `where`."""
     text = (ROOT / ".env.example").read_text()
     for placeholder in ("change-me-access-key", "change-me-secret-key", "change-me-postgres-password"):
         text = text.replace(placeholder, secrets.token_hex(12))
+    settings = {**APP_ENV, "AWRL_RUN_ID": f"live-{secrets.token_hex(3)}", "AWRL_MODELS_DIR": str(where / "models")}
+    lines = [line for line in text.splitlines() if line.partition("=")[0] not in settings]
     path = where / ".env"
-    path.write_text(text)
+    path.write_text("\n".join([*lines, *(f"{k}={v}" for k, v in settings.items())]) + "\n")
     return path
 
 
@@ -250,23 +277,36 @@ def _container(engine: Engine, env_file: Path, service: str) -> dict:
     return json.loads(engine.docker("inspect", cid).stdout)[0]
 
 
-def test_a_training_run_survives_its_ledger_writer_killed_and_replays_from_the_host(engine, stack, tmp_path):
-    """The `ledger` service (as the app profile runs it) follows the log while a short training run
-    (`awrl run`: pool, trainer and a writer of its own, in the application image on the compose
-    network) makes 2 updates. The service's process is SIGKILLed from the host mid-run: a crash, which
-    its restart policy answers (`docker kill` would count as a manual stop). Every event the broker
-    acknowledged is in the ledger once, and the host's `awrl replay` reproduces the run's updates bit
-    for bit from the compose store."""
+def _healthy(engine: Engine, env_file: Path, services: tuple[str, ...]) -> bool:
+    states = _states(engine, env_file)
+    return all(states.get(s, {}).get("Health") == "healthy" for s in services)
+
+
+def _alive(engine: Engine, env_file: Path, services: tuple[str, ...]) -> bool:
+    """True; fails the test with the service's last log lines if one has crashed (and been restarted)."""
+    for service in services:
+        if _container(engine, env_file, service)["RestartCount"]:
+            logs = engine.compose(env_file, "logs", "--no-color", "--tail", "60", service, check=False).stdout
+            raise AssertionError(f"{service} crashed:\n{logs}")
+    return True
+
+
+def _updates(settings: StackSettings, run_id: str):
+    return read_events(settings, run_id, "UpdateApplied", columns=["update_step", "world_size"])
+
+
+def test_the_app_profile_trains_on_cpu_through_a_ledger_writer_crash(engine, stack, tmp_path):
+    """The app profile without a GPU (docker-compose.cpu.yml): the rollout pool, the trainer under
+    torchrun with 2 ranks and the ledger writer, each a container healthy by its heartbeat. The writer's
+    process is SIGKILLed from the host once the run's first events are in the ledger: a crash, which its
+    restart policy answers (`docker kill` would count as a manual stop). After 2 updates and a step
+    sampled by a trained version (the pool loads each one from the store), pool and trainer are
+    stopped: every event the broker acknowledged is in the ledger once, and the host's `awrl replay`
+    reproduces the run's updates bit for bit from the compose store."""
     env_file, _, _ = stack
-    run_id = f"live-{secrets.token_hex(3)}"
-    engine.compose(env_file, "--profile", "app", "up", "-d", "--no-build", "--no-deps", "ledger")
-    run = subprocess.Popen(
-        [*engine.compose_argv(env_file), "run", "--rm", "--no-deps", "demo",
-         "awrl", "run", "--run-id", run_id, "--rollout.suite", "boxes", "--rollout.policy", "demo",
-         "--rollout.noise", "0.5", "--train.groups-per-update", "1", "--train.no-dynamic-sampling",
-         "--train.max-updates", "2", "--minutes", "30"],
-        env=engine.env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
+    run_id = dotenv_values(env_file)["AWRL_RUN_ID"]
+    app = ("rollout", "trainer", "ledger")
+    engine.compose(env_file, "--profile", "app", "up", "-d", "--no-build", *app)
     settings = _host_settings(env_file)
     _wait("the run's first events in the ledger", lambda: ledger_ids(settings, run_id), WAIT_S, every=1.0)
     before = _container(engine, env_file, "ledger")
@@ -279,8 +319,26 @@ def test_a_training_run_survives_its_ledger_writer_killed_and_replays_from_the_h
         ),
         WAIT_S,
     )
-    out, _ = run.communicate(timeout=WAIT_S)
-    assert run.returncode == 0, out[-4000:]
+    working = ("rollout", "trainer")
+    _wait(
+        "2 updates in the ledger",
+        lambda: _alive(engine, env_file, working) and _updates(settings, run_id).num_rows >= 2,
+        WAIT_S,
+        every=5.0,
+    )
+    newer = pc.field("policy_version") > 0
+    _wait(
+        "a step sampled by a trained version",
+        lambda: (
+            _alive(engine, env_file, working)
+            and read_events(settings, run_id, "StepRecorded", columns=["step"], where=newer).num_rows
+        ),
+        WAIT_S,
+        every=5.0,
+    )
+    _wait("the app services to be healthy", lambda: _healthy(engine, env_file, app), WAIT_S, every=5.0)
+    assert set(_updates(settings, run_id).column("world_size").to_pylist()) == {2}
+    engine.compose(env_file, "--profile", "app", "stop", "rollout", "trainer", timeout=900)
     read = engine.compose(env_file, "run", "--rm", "--no-deps", "demo", "python", "-c", LOG_IDS, run_id)
     logged = json.loads(read.stdout.splitlines()[-1])
     assert logged, "the run's events should be in the broker's log"
@@ -298,14 +356,32 @@ def test_a_training_run_survives_its_ledger_writer_killed_and_replays_from_the_h
     assert replay.returncode == 0, replay.stdout[-3000:] + replay.stderr[-3000:]
 
 
+def _compose_runs(env_file: Path) -> set[str]:
+    listed = subprocess.run(
+        [AWRL, "runs", "--format", "json"], env=_host_env(env_file), capture_output=True, text=True, timeout=300
+    )
+    assert listed.returncode == 0, listed.stderr
+    return {r["run_id"] for r in json.loads(listed.stdout)}
+
+
 def test_dagster_dev_on_the_host_shows_the_compose_runs(stack, tmp_path):
     """The card's second command: `dagster dev` on the host, reading the same .env, adds the runs of
     the compose store's ledger as partitions."""
     env_file, _, _ = stack
-    env = _host_env(env_file)
-    listed = subprocess.run([AWRL, "runs", "--format", "json"], env=env, capture_output=True, text=True, timeout=300)
-    assert listed.returncode == 0, listed.stderr
-    run_ids = {r["run_id"] for r in json.loads(listed.stdout)}
-    with dagster_dev_server(tmp_path, {k: v for k, v in env.items() if k.startswith("AWRL_")}) as base:
+    run_ids = _compose_runs(env_file)
+    env = {k: v for k, v in _host_env(env_file).items() if k.startswith("AWRL_")}
+    with dagster_dev_server(tmp_path, env) as base:
         keys = wait_for_partitions(base, "steps")
     assert keys and set(keys) <= run_ids, (keys, run_ids)
+
+
+def test_the_dagster_profile_serves_the_compose_runs_from_postgres(engine, stack):
+    """`docker compose --profile dagster up`: the webserver and the daemon (whose sensor adds the
+    partitions) share PostgreSQL, here Debian's server in the stand-in image; both healthy, and the
+    webserver's published port shows the compose runs as partitions."""
+    env_file, _, _ = stack
+    dagster = ("postgres", "dagster-webserver", "dagster-daemon")
+    engine.compose(env_file, "--profile", "dagster", "up", "-d", "--no-build", *dagster)
+    _wait("the dagster profile to be healthy", lambda: _healthy(engine, env_file, dagster), WAIT_S, every=5.0)
+    keys = wait_for_partitions(f"http://127.0.0.1:{DAGSTER_PORT}", "steps")
+    assert keys and set(keys) <= _compose_runs(env_file), keys
