@@ -70,6 +70,15 @@ def _engine_missing() -> str | None:
     return None
 
 
+class EngineUnavailable(Exception):
+    """No storage driver let `dockerd` start here: the test is skipped with this reason."""
+
+
+DRIVERS = (os.environ["AWRL_DOCKER_STORAGE"],) if os.environ.get("AWRL_DOCKER_STORAGE") else ("overlay2", "vfs")
+"""overlay2 first (it shares layers); vfs, which works on any filesystem but copies every layer, where
+overlay2 cannot mount."""
+
+
 class Engine:
     """A Docker engine of this test's own, on a socket of its own."""
 
@@ -81,25 +90,34 @@ class Engine:
         for key in [k for k in self.env if k.startswith("AWRL_")]:
             del self.env[key]  # compose interpolates only the test's env file
         self.log = (root / "dockerd.log").open("ab")
-        self.proc = subprocess.Popen(
-            [
-                "dockerd",
-                "--data-root",
-                str(root / "data"),
-                "--exec-root",
-                str(self.run_dir / "exec"),
-                "--pidfile",
-                str(self.run_dir / "dockerd.pid"),
-                "-H",
-                self.env["DOCKER_HOST"],
-                "--storage-driver",
-                os.environ.get("AWRL_DOCKER_STORAGE", "overlay2"),
-            ],
-            stdout=self.log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        _wait("dockerd to answer", lambda: self.docker("info", check=False).returncode == 0, 120, every=1.0)
+        for driver in DRIVERS:
+            self.proc = self._dockerd(driver)
+            if self._answers(within_s=120):
+                return
+            self._kill()
+        self.log.close()
+        tail = (root / "dockerd.log").read_text(errors="replace").strip().splitlines()[-1:]
+        shutil.rmtree(self.run_dir, ignore_errors=True)
+        raise EngineUnavailable(f"dockerd did not start with {' or '.join(DRIVERS)}: {' '.join(tail)[-300:]}")
+
+    def _dockerd(self, driver: str) -> subprocess.Popen:
+        argv = ["dockerd", "--data-root", str(self.root / "data"), "--exec-root", str(self.run_dir / "exec"),
+                "--pidfile", str(self.run_dir / "dockerd.pid"), "-H", self.env["DOCKER_HOST"],
+                "--storage-driver", driver]  # fmt: skip
+        return subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def _answers(self, within_s: float) -> bool:
+        deadline = time.monotonic() + within_s
+        while time.monotonic() < deadline and self.proc.poll() is None:
+            if self.docker("info", check=False).returncode == 0:
+                return True
+            time.sleep(1.0)
+        return False
+
+    def _kill(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(30)
 
     def docker(self, *args: str, check: bool = True, timeout: float = 600) -> subprocess.CompletedProcess:
         return subprocess.run(
@@ -129,8 +147,7 @@ class Engine:
             try:
                 self.proc.wait(60)
             except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(30)
+                self._kill()
         self.log.close()
         shutil.rmtree(self.run_dir, ignore_errors=True)
 
@@ -143,7 +160,10 @@ def engine(tmp_path_factory):
     kept = os.environ.get("AWRL_DOCKER_ROOT")
     root = Path(kept) if kept else tmp_path_factory.mktemp("docker")
     root.mkdir(parents=True, exist_ok=True)
-    engine = Engine(root)
+    try:
+        engine = Engine(root)
+    except EngineUnavailable as exc:
+        pytest.skip(str(exc))
     try:
         yield engine
     finally:
