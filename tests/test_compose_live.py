@@ -118,6 +118,9 @@ class Engine:
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait(30)
+        # dockerd bind-mounts its data root onto itself (which os.path.ismount cannot see), and only a
+        # clean exit undoes it
+        subprocess.run(["umount", "--lazy", str(self.root / "data")], capture_output=True, check=False)
 
     def docker(self, *args: str, check: bool = True, timeout: float = 600) -> subprocess.CompletedProcess:
         return subprocess.run(
