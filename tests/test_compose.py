@@ -36,7 +36,7 @@ def _compose(
     env_file: Path, profiles: tuple[str, ...], *command: str, overrides: tuple[str, ...] = ()
 ) -> subprocess.CompletedProcess:
     args = [str(BINARY), "--env-file", str(env_file)]
-    for f in ("docker-compose.yml", *overrides):
+    for f in (COMPOSE_FILES[0], *overrides):
         args += ["-f", str(ROOT / f)]
     for p in profiles:
         args += ["--profile", p]

@@ -248,7 +248,7 @@ def stack(engine, images, tmp_path_factory):
     try:
         _wait(
             "the broker and the store to be healthy",
-            lambda: all(_states(engine, env_file).get(s, {}).get("Health") == "healthy" for s in LONG_RUNNING),
+            lambda: _healthy(engine, env_file, LONG_RUNNING),
             WAIT_S,
         )
         times = {"healthy_s": time.monotonic() - started}
