@@ -62,7 +62,7 @@ class PoolConfig:
     """Keep each browser for the whole run; False relaunches it after every episode (the ablation)."""
     journal_dir: Path | None = Path(".awrl/rollout-journal")
     """Open-episode journals of the pools on this host (`rollout.episode_journal`): a killed pool's open
-    episodes are ended as env_error by the next pool to look. None: no journal."""
+    episodes are sent again and ended (as env_error) by the next pool to look. None: no journal."""
 
 
 @dataclass
@@ -86,7 +86,7 @@ class PoolStats:
     record_s: float = 0.0
     """Of `busy_s`, the time spent recording: storing screenshots, publishing events, awaiting acks."""
     orphans_closed: int = 0
-    """Episodes of dead pool processes this pool ended as env_error."""
+    """Open episodes of dead pool processes this pool sent again and ended (`rollout.episode_journal`)."""
     groups_rerun: int = 0
     """Groups run again because the broker did not acknowledge all their events."""
     store_waited_s: float = 0.0
@@ -218,9 +218,11 @@ class RolloutPool:
             group.versions.update(event.token_policy_versions or [event.policy_version])
         elif isinstance(event, EpisodeStarted):
             group.versions.add(event.policy_version)
+        if self.journal is not None:  # ahead of the send: a reaper can send it again, never miss it
+            self.journal.record(event)
         group.acks.append(self.producer.publish(event))
         if self.journal is not None:
-            self.journal.record(event)
+            self.journal.sent(event)
         self.stats.record_s += time.perf_counter() - t0
 
     def _reap(self) -> None:

@@ -15,12 +15,13 @@ import sys
 import threading
 import time
 import uuid
+from collections import Counter
 
 import pytest
 
 from pipeline.bus import EventProducer, create_topics
 from pipeline.consumer import read_log
-from pipeline.ledger import LedgerWriter
+from pipeline.ledger import LedgerWriter, read_events
 from pipeline.s3 import StoreUnavailable, patiently
 from pipeline.store import ScreenshotStore
 from pipeline.topics import ROLLOUT
@@ -28,7 +29,7 @@ from rollout.dispatcher import dispatch, task_stream
 from rollout.episode import EpisodeConfig
 from rollout.policy.scripted import OraclePolicy
 from rollout.pool import PoolConfig, RolloutPool
-from schemas import EpisodeFinished, GroupCompleted, StepRecorded
+from schemas import EpisodeFinished, EpisodeStarted, GroupCompleted, StepRecorded
 
 from faults import Publisher, account, ledger_ids, log_ids
 
@@ -241,7 +242,12 @@ def _open_in_journal(journal) -> dict[str, int]:
     """Trajectories a journal shows started and not ended, with their recorded steps."""
     from rollout.episode_journal import orphans
 
-    return {e.trajectory_id: e.num_steps for p in journal.rglob("*.jsonl") for e in orphans(p)}
+    return {
+        e.trajectory_id: e.num_steps
+        for p in journal.rglob("*.jsonl")
+        for e in orphans(p)
+        if isinstance(e, EpisodeFinished) and "died mid-episode" in e.reason
+    }
 
 
 @pytest.mark.slow
@@ -281,6 +287,48 @@ def test_killed_pool_process_its_episodes_end_as_env_error_and_its_group_is_reru
     assert dispatched <= _completed(settings, run_id)
     assert set(open_at_kill) <= set(closed)
     assert all("died mid-episode" in closed[t].reason and closed[t].num_steps == n for t, n in open_at_kill.items())
+    assert row.lost == 0 and row.duplicated == 0
+
+
+def test_a_pool_killed_between_its_journal_and_its_send_loses_no_step_and_duplicates_none(settings, tmp_path):
+    """The interleaving the chaos soak met once: a pool killed after it journaled a step and before the
+    broker had it (here, stopped there by hand), then two pools reaping its journal (one claims it, a
+    copy stands for a reaper that died after sending). Each episode reaches the ledger whole and once,
+    its ending counting exactly the steps the ledger holds."""
+    from rollout.episode_journal import EpisodeJournal, reap
+
+    from samples import sample_step
+
+    run_id, directory = f"journal-{uuid.uuid4().hex[:6]}", tmp_path / "journal"
+    producer, journal = EventProducer(settings), EpisodeJournal(directory)
+    sha = ScreenshotStore.from_settings(settings).put(b"a screenshot the steps name")
+    episodes = []
+    for i in range(3):
+        ids = dict(run_id=run_id, trajectory_id=f"{run_id}-t{i}", group_id=f"{run_id}-g", task_id="t")
+        started = EpisodeStarted(**ids, worker_id="w", instruction="Click", horizon=10, policy_version=0)
+        steps = [sample_step(run_id, ids["group_id"], ids["trajectory_id"], s, sha, seed=s) for s in range(3)]
+        done = EpisodeFinished(**ids, outcome="failure", reward=0.0, num_steps=3, reason="judge")
+        episodes.append([started, *steps, done])
+    sent = episodes[0] + episodes[1][:2] + episodes[2][:-1]  # t1 stopped before its 2nd step's send, t2 its ending's
+    for e in sent:
+        journal.record(e), producer.publish(e), journal.sent(e)
+    for e in (episodes[1][2], episodes[2][-1]):
+        journal.record(e)  # journaled, and the process killed before the send
+    producer.publish_all([])
+    journal._file.close()
+    dead = journal.path.rename(directory / "1-0.00.jsonl")  # pid 1 never started at time 0: not alive
+    (directory / "2-0.00.jsonl").write_bytes(dead.read_bytes())  # the journal of a reaper that died after sending
+    assert reap(directory, producer.publish_all) == 2 + 2 and not list(directory.iterdir())
+    producer.close()
+
+    ledger = sync_ledger(settings, tmp_path)
+    finished = {r["trajectory_id"]: r for r in read_events(ledger, run_id, "EpisodeFinished").to_pylist()}
+    steps = Counter(r["trajectory_id"] for r in read_events(ledger, run_id, "StepRecorded").to_pylist())
+    expected = {e[0].trajectory_id: n for e, n in zip(episodes, (3, 2, 3))}
+    assert {t: f["num_steps"] for t, f in finished.items()} == dict(steps) == expected
+    assert finished[episodes[1][0].trajectory_id]["outcome"] == "env_error"  # the unsent step ended it
+    assert finished[episodes[2][0].trajectory_id]["event_id"] == episodes[2][-1].event_id  # its own ending
+    row = account("pool killed between its journal and its send", log_ids(settings, run_id), ledger, run_id)
     assert row.lost == 0 and row.duplicated == 0
 
 
