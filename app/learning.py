@@ -214,6 +214,7 @@ def controlled(
     anchor_coef: float = 0.0,
     warm_start_run: str | None = None,
     train: TrainConfig = CONTROLLED_TRAIN,
+    demo_templates: tuple[str, ...] = ("named",),
 ) -> LearningConfig:
     """The controlled learning test on the `boxes` suite (no browser): demonstrations of `named` ("click
     the <colour> box", restated in the thought, the box drawn uniformly) give a warm start at chance on
@@ -222,12 +223,13 @@ def controlled(
     `control="shuffled_rewards"` the same run whose advantages carry no information. `anchor_coef` > 0
     adds the SFT anchor on the warm start's demonstrations (those of `warm_start_run`, the `run_id` given
     to `controlled_warm_start`, when `warm_start` is given). `train`: `CONTROLLED_TRAIN` for a constant
-    target, `READING_TRAIN` (with `anchor_coef=READING_ANCHOR`) for `colour`."""
+    target, `READING_TRAIN` (with `anchor_coef=READING_ANCHOR`) for `colour`. `demo_templates`: what the
+    warm start clones (`named`, or `named` and `pick`: the boxes suite's docstring says why)."""
     return LearningConfig(
         suite="boxes",
         difficulty=None,
         templates=(target,),
-        demo_templates=("named",),
+        demo_templates=demo_templates,
         demo_episodes=300,
         sft_epochs=4,
         sft_batch_steps=4,
@@ -407,11 +409,16 @@ def warm_start(
 
 
 def controlled_warm_start(
-    settings: StackSettings, out_dir: Path, run_id: str = "warm", say: Callable[[str], None] = print
+    settings: StackSettings,
+    out_dir: Path,
+    run_id: str = "warm",
+    say: Callable[[str], None] = print,
+    demo_templates: tuple[str, ...] = ("named",),
 ) -> Path:
-    """Only the controlled task's warm start (demonstrations of `named`, then SFT): the model
+    """Only the controlled task's warm start (demonstrations of `demo_templates`, then SFT): the model
     directory that a set of controlled runs shares (`controlled(..., warm_start=...)`)."""
-    sft, _ = warm_start(settings, controlled(run_id, out_dir), run_id, LearningCurve(run_id), say)
+    config = controlled(run_id, out_dir, demo_templates=demo_templates)
+    sft, _ = warm_start(settings, config, run_id, LearningCurve(run_id), say)
     return sft
 
 

@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/controlled.py [--targets red,blue,green,black,colour] [--seeds 3]
         [--first-seed 0] [--controls] [--warm-start DIR] [--rl-updates 80] [--rl-minutes 20] [--kl-coef 0]
-        [--train KEY=VALUE ...] [--anchor-coef 0] [--warm-start-run warm] [--probe]
+        [--train KEY=VALUE ...] [--anchor-coef 0] [--warm-start-run warm] [--probe] [--demo-templates named]
 
 Each run is `tests/test_learning.py`'s real run (`app.learning.controlled`) on one local stack: RL on
 "click the <target> box" (or `colour`: the colour the instruction names) from a warm start at chance,
@@ -16,10 +16,11 @@ the configuration's own, 1, without it); `--train KEY=VALUE` sets any field of t
 `--anchor-coef` adds the SFT anchor on the warm start's own demonstrations (`TrainConfig.anchor`, PPO-ptx),
 read from the ledger as the run `--warm-start-run`'s (`warm`, the id the shared warm start is built under);
 their screenshots are copied into each run's own bucket, where its trainer fetches them.
-`--probe` runs `analysis.probe.colour_probe` on the warm start and on each run's final version (does the
-mark depend on the instruction's colour word?). A run *collapses* when its final success is below its warm start.
-Prints the table and the collapse rate, draws success on the training tasks against policy version
-for every run (bench/out/controlled.png), writes bench/out/controlled.json. Each run writes its
+`--demo-templates named,pick` builds the warm start from both kinds of demonstrations (the boxes suite's
+docstring says why). `--probe` runs `analysis.probe.colour_probe` on the warm start and on each run's final
+version (does the mark depend on the instruction's colour word?). A run *collapses* when its final success
+is below its warm start. Prints the table and the collapse rate, draws success on the training tasks against
+policy version for every run (bench/out/controlled.png), writes bench/out/controlled.json. Each run writes its
 checkpoints to a bucket of its own, removed once its row is taken (a version with its optimizer state is
 ~75 MB, and the local store holds 4 GiB).
 """
@@ -55,6 +56,7 @@ def main(
     warm_start_run: str = "warm",
     probe: bool = False,
     tag: str = "",
+    demo_templates: str = "named",
 ) -> None:
     from analysis import connect
     from analysis.curves import compare_versions_png, success_by_version
@@ -70,7 +72,9 @@ def main(
     overrides = parse_values(train)
     with local_stack() as (_, settings, d):
         if warm_start is None:
-            warm_start = controlled_warm_start(settings, d, say=console.print)
+            warm_start = controlled_warm_start(
+                settings, d, say=console.print, demo_templates=tuple(demo_templates.split(","))
+            )
         if probe:
             console.print(f"probe of the warm start {warm_start}: {colour_probe(warm_start)}")
         arms = ("none", "shuffled_rewards") if controls else ("none",)

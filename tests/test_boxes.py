@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import io
+from collections import Counter
+from types import SimpleNamespace
 
 from PIL import Image
 
@@ -29,7 +31,7 @@ def test_splits_do_not_share_seeds():
     suite = BoxesSuite()
     train, test = suite.tasks("train"), suite.tasks("test")
     colours = {"red", "blue", "green", "black"}
-    assert {t.template for t in train} == {"colour", "any", "named", *colours}
+    assert {t.template for t in train} == {"colour", "any", "pick", "named", *colours}
     assert {t.template for t in test} == {"colour", *colours}
     assert not {t.seed for t in train} & {t.seed for t in test}
     task = make_task("colour", 5, "train")
@@ -82,6 +84,19 @@ def test_named_demonstrations_read_the_colour_but_pick_the_box_at_random():
     same = sum(t.judge["target"] == t.judge["named"] for t in tasks) / len(tasks)
     assert 0.17 < same < 0.33, same  # the box the oracle clicks is the named one a quarter of the time
     assert thought(make_task("any", 1, "train")) == "click a box"
+
+
+def test_pick_demonstrations_click_the_box_their_thought_names():
+    """The path from a colour word to its mark, where no instruction names a colour: the thought names
+    the box the oracle clicks, drawn uniformly."""
+    tasks = [make_task("pick", s, "train") for s in range(400)]
+    assert all(t.instruction == "Click any box." and thought(t) == f"click the {t.judge['target']} box" for t in tasks)
+    suite = BoxesSuite()
+    assert {suite.oracle_step(SimpleNamespace(task=t))["mark"] for t in tasks} == {0, 1, 2, 3}
+    assert all(suite.oracle_step(SimpleNamespace(task=t))["mark"] == COLOURS.index(t.judge["target"]) for t in tasks)
+    picked = Counter(t.judge["target"] for t in tasks)
+    assert min(picked.values()) > 60, picked  # uniform over the four colours
+    assert "pick" not in {t.template for t in suite.tasks("test")}
 
 
 def test_oracle_episodes_through_the_pool_need_no_browser(settings, monkeypatch):

@@ -23,6 +23,11 @@ Templates:
 - `any`: "Click any box." Every box is right, and the oracle picks one at random (seeded by the task).
   Its demonstrations teach the output format and a uniform choice of box, never which box a colour
   means.
+- `pick`: "Click any box." like `any`, but the thought names the box the oracle then clicks ("click the
+  green box", the box drawn uniformly): demonstrations where the mark follows the thought's colour word.
+  Cloned beside `named`, the warm start has a path from a colour word to its mark, and the instruction's
+  kind ("any" or a colour) closes it: on `colour` it stays near chance (bench/RESULTS.md measures how
+  near), and RL has to open the path where the instruction names the colour.
 - `named`: "Click the blue box.", the colour drawn from the seed like `colour`'s, but every box is right
   and the oracle picks one at random; its thought restates the instruction's colour ("click the blue
   box"). The warm start of the controlled learning test (`tests/test_learning.py`) clones these: it
@@ -55,8 +60,8 @@ COLOURS = list(PALETTE)
 BOXES = 4
 SIZE = (256, 128)
 BOX = 40
-TEMPLATES = ("colour", *COLOURS, "any", "named")
-DEMONSTRATION_ONLY = ("any", "named")
+TEMPLATES = ("colour", *COLOURS, "any", "pick", "named")
+DEMONSTRATION_ONLY = ("any", "pick", "named")
 """Templates whose every box is right: demonstrations only, never in the test split."""
 TRAIN_SEEDS = 500
 TEST_SEED, TEST_SEEDS = 100_000, 200
@@ -97,8 +102,10 @@ def make_task(template: str, seed: int, split: str) -> Task:
         target = random.Random(f"any-{seed}").choice(colours)
     else:
         target = named
-    instruction = "Click any box." if template == "any" else f"Click the {named} box."
+    instruction = "Click any box." if template in ("any", "pick") else f"Click the {named} box."
     judge = {"target": target, "any": int(template in DEMONSTRATION_ONLY)}
+    if template == "pick":  # no colour in the instruction: the thought says the box the oracle picks
+        named = target
     return Task(
         task_id=f"boxes-{template}-{seed}",
         suite="boxes",
@@ -215,6 +222,6 @@ class BoxesSuite:
 def thought(task: Task) -> str:
     """The oracle's thought restates the instruction's colour, never the box it then picks (in `named` a
     uniform one: naming it would teach the mark to copy a random word, not to read the instruction);
-    "click a box" where the instruction names none (`any`)."""
+    where the instruction names none, "click a box" (`any`) or the box it picks (`pick`)."""
     named = task.judge.get("named")
     return "click a box" if named is None else f"click the {named} box"
