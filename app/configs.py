@@ -27,7 +27,7 @@ import tyro
 import yaml
 
 from app.errors import ConfigError
-from app.learning import READING_ANCHOR, READING_TRAIN, READING_UPDATES, LearningConfig, controlled
+from app.learning import READING_ANCHOR, READING_DEMOS, READING_TRAIN, READING_UPDATES, LearningConfig, controlled
 from app.output import Format
 from app.training import RunConfig
 from pipeline.settings import stack_dir
@@ -140,6 +140,7 @@ PRESETS: dict[type, dict[str, Callable[[], Any]]] = {
             rl_minutes=40.0,
             train=READING_TRAIN,
             anchor_coef=READING_ANCHOR,
+            demo_templates=READING_DEMOS,
         ),
     },
 }

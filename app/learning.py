@@ -67,11 +67,17 @@ READING_TRAIN = CONTROLLED_TRAIN.model_copy(
 """RL hyper-parameters of the controlled task that needs the instruction (`colour`), with the anchor
 (`READING_ANCHOR`): the policy gradient on the action's values only, 8 optimizer steps a version at lr
 3e-4 (6x the sum of learning rates of `CONTROLLED_TRAIN`'s 80 steps), no KL penalty. Without the anchor
-this budget broke the format in every run (invalid actions 0.5-0.9); with it held-out `colour` success
-rose 0.17-0.23 -> 0.64-0.84 in 3 benchmark seeds, and stayed at chance in a fourth run (bench/RESULTS.md):
-`awrl demo --config colour`, not yet the CI's learning test."""
+this budget broke the format in every run (invalid actions 0.5-0.9). With it, from a `named` warm start,
+held-out `colour` success rose 0.17-0.23 -> 0.64-0.84 in 3 runs of 6 and stayed at chance in the
+others; from a `READING_DEMOS` warm start it rose in 2 of 2 (0.18-0.24 -> 0.58-0.62, bench/RESULTS.md).
+`awrl demo --config colour`; the CI's learning test (tests/test_learning.py)."""
 READING_ANCHOR = 1.0
 """gamma of the SFT anchor (PPO-ptx) that holds the response's scaffold while RL moves the decision."""
+READING_DEMOS = ("named", "pick")
+"""What the warm start of the `colour` runs clones: `named` (the instruction names a colour, the thought
+restates it, the box is drawn uniformly) and `pick` (the instruction names none, the thought names the
+box clicked). It is at chance on `colour` yet has a path from a colour word to its mark, which the
+instruction's kind closes; RL opens it where the instruction names the colour (bench/RESULTS.md)."""
 READING_UPDATES = 160
 """Optimizer steps of the `colour` run: 20 versions of 8. At 56 steps the three seeds measured had not
 moved yet (0.22-0.31), at 112 they had risen +0.25 to +0.42."""

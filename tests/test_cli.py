@@ -115,6 +115,7 @@ def test_config_files_and_presets(tmp_path):
     assert parse(DemoCommand, [], "awrl demo", "").learning == DEMO
     colour = parse(DemoCommand, ["--config", "colour"], "awrl demo", "").learning
     assert (colour.templates, colour.anchor_coef, colour.train.tokens.pg) == (("colour",), 1.0, "action")
+    assert colour.demo_templates == ("named", "pick")
     # a file names only what differs; flags beside it win
     (tmp_path / "c.yaml").write_text("suite: boxes\ntrain:\n  lr: 2.0e-4\n  grpo:\n    normalizer: token\n")
     got = parse(DemoCommand, ["--config", str(tmp_path / "c.yaml"), "--train.lr", "5e-5"], "awrl demo", "").learning
