@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import uuid
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -39,37 +38,18 @@ def module_settings(stack: LocalStack) -> StackSettings:
         yield s
 
 
-@dataclass(frozen=True)
-class WarmStart:
-    model: Path
-    """The SFT model directory."""
-    run_id: str
-    """The run that built it: its demonstrations are `<run_id>-demos` (an anchored run reads them)."""
-    settings: StackSettings
-    """Where the demonstrations' events and screenshots are."""
-
-
 @pytest.fixture(scope="session")
-def boxes_warm(stack, tmp_path_factory) -> WarmStart:
-    """The controlled task's warm start, built once: SFT on the oracle demonstrations of `READING_DEMOS`
-    (the instruction names a colour and the box is drawn uniformly; or it names none and the thought
-    names the box clicked), at chance on `colour`. tests/test_learning.py learns from it;
-    tests/test_vllm_live.py serves it, so that groups have mixed rewards and its trainer has something
-    to update on."""
-    from app.learning import READING_DEMOS, controlled_warm_start
+def boxes_warm_start(stack, tmp_path_factory) -> Path:
+    """The controlled task's warm start, built once: SFT on oracle demonstrations of "click any box"
+    (`app.learning.controlled`). tests/test_learning.py learns from it; tests/test_vllm_live.py serves
+    it, so that groups have mixed rewards and its trainer has something to update on."""
+    from app.learning import controlled_warm_start
     from pipeline.bus import create_topics
 
     settings = stack.settings().model_copy(update={"topic_prefix": f"t{uuid.uuid4().hex[:8]}"})
     create_topics(settings)
     run_id = f"warm-{uuid.uuid4().hex[:6]}"
-    out = tmp_path_factory.mktemp("warm-start")
-    return WarmStart(controlled_warm_start(settings, out, run_id, demo_templates=READING_DEMOS), run_id, settings)
-
-
-@pytest.fixture(scope="session")
-def boxes_warm_start(boxes_warm: WarmStart) -> Path:
-    """The warm start's model directory (`boxes_warm`)."""
-    return boxes_warm.model
+    return controlled_warm_start(settings, tmp_path_factory.mktemp("warm-start"), run_id)
 
 
 @pytest.fixture(scope="module")
@@ -97,7 +77,7 @@ longest pole; what is left fills in behind the two."""
 def pytest_collection_modifyitems(config, items):
     """The warm start's users first, then the long modules; and a module that starts using the warm start
     must join them."""
-    users = {item.module.__name__ for item in items if "boxes_warm" in item.fixturenames}
+    users = {item.module.__name__ for item in items if "boxes_warm_start" in item.fixturenames}
     assert users <= set(WARM_MODULES), f"add {sorted(users - set(WARM_MODULES))} to WARM_MODULES (tests/conftest.py)"
     items.sort(key=lambda item: (item.module.__name__ not in WARM_MODULES, item.module.__name__ not in LONG_MODULES))
 

@@ -15,11 +15,11 @@ Only the page is drawn here instead of by Chromium, so a learning run costs seco
 Templates:
 - `colour`: "Click the blue box.", the colour drawn from the seed. To win, the policy must read the
   instruction's colour: the digit it writes after `"mark": ` has to depend on a word far back in
-  the prompt. The CI's controlled learning test (`tests/test_learning.py`), from a warm start that
-  clones `named` and `pick` (`app.learning.READING_DEMOS`).
+  the prompt. Learned by RL from a warm start that clones `named` and `pick`
+  (`app.learning.READING_DEMOS`, `awrl demo --config colour`); not yet the CI test (bench/RESULTS.md).
 - `red`, `blue`, `green`, `black`: "Click the red box." on every layout. The optimum is one action
-  (the colour's mark) whatever the layout, which the learning path must find from rewards alone
-  (`awrl demo --config controlled`, and the collapse table in bench/RESULTS.md).
+  (the colour's mark) whatever the layout, which the learning path must find from rewards alone: the
+  CI's controlled test, its colour drawn from the run's seed so that it cannot be tuned to one mark.
 - `any`: "Click any box." Every box is right, and the oracle picks one at random (seeded by the task).
   Its demonstrations teach the output format and a uniform choice of box, never which box a colour
   means.
@@ -34,7 +34,7 @@ Templates:
   independent of the colour), yet it has read every colour word and learned to copy the instruction's
   into its thought, a few tokens before the mark. Cloning `any` instead, no colour word ever received
   a gradient and `colour` stayed at chance under RL; cloning `named` alone, RL learned `colour` in 3
-  runs of 6, and with `pick` beside it in every run so far (bench/RESULTS.md).
+  runs of 6, and with `pick` beside it in 3 runs of 3 (bench/RESULTS.md).
 
 Splits: `train` seeds 0..TRAIN_SEEDS-1 of every template; `test` seeds from TEST_SEED on (every
 template but `any`): layouts and colour orders never trained on.
