@@ -74,6 +74,9 @@ others; from a `READING_DEMOS` warm start it rose in 3 runs of 3 (+0.44, +0.34, 
 its bound of +0.2)."""
 READING_ANCHOR = 1.0
 """gamma of the SFT anchor (PPO-ptx) that holds the response's scaffold while RL moves the decision."""
+CONTROLLED_DEMOS = ("named",)
+"""What the controlled warm start clones by default: `named` (the instruction names a colour, the thought
+restates it, the box is drawn uniformly), at chance on every target."""
 READING_DEMOS = ("named", "pick")
 """What the warm start of the `colour` runs clones: `named` (the instruction names a colour, the thought
 restates it, the box is drawn uniformly) and `pick` (the instruction names none, the thought names the
@@ -221,7 +224,7 @@ def controlled(
     anchor_coef: float = 0.0,
     warm_start_run: str | None = None,
     train: TrainConfig = CONTROLLED_TRAIN,
-    demo_templates: tuple[str, ...] = ("named",),
+    demo_templates: tuple[str, ...] = CONTROLLED_DEMOS,
 ) -> LearningConfig:
     """The controlled learning test on the `boxes` suite (no browser): demonstrations of `named` ("click
     the <colour> box", restated in the thought, the box drawn uniformly) give a warm start at chance on
@@ -420,7 +423,7 @@ def controlled_warm_start(
     out_dir: Path,
     run_id: str = "warm",
     say: Callable[[str], None] = print,
-    demo_templates: tuple[str, ...] = ("named",),
+    demo_templates: tuple[str, ...] = CONTROLLED_DEMOS,
 ) -> Path:
     """Only the controlled task's warm start (demonstrations of `demo_templates`, then SFT): the model
     directory that a set of controlled runs shares (`controlled(..., warm_start=...)`)."""

@@ -88,6 +88,16 @@ SAMPLE_MARKS = [
 """The interactive elements of a `render_page` screen, as the rollout records them."""
 
 
+def sample_episode(run_id: str, group_id: str, trajectory_id: str, steps: int, screenshot_sha256: str) -> list:
+    """One successful episode's events, in the order a rollout pool sends them: started, steps, finished."""
+    ids = dict(run_id=run_id, trajectory_id=trajectory_id, group_id=group_id, task_id="sample-task")
+    return [
+        EpisodeStarted(**ids, worker_id="sample", instruction="Click", horizon=10, policy_version=0),
+        *(sample_step(run_id, group_id, trajectory_id, s, screenshot_sha256, seed=s) for s in range(steps)),
+        EpisodeFinished(**ids, outcome="success", reward=1.0, num_steps=steps, reason="judge"),
+    ]
+
+
 def sample_group(
     run_id: str, group_id: str, screenshot_hashes: list[str], group_size: int = 4, steps: int = 5, seed: int = 0
 ):

@@ -12,20 +12,14 @@ import os
 from rollout.episode_journal import EpisodeJournal, orphans, reap
 from schemas import EpisodeFinished, EpisodeStarted, StepRecorded
 
-from samples import sample_step
+from samples import sample_episode
 
 RUN = "journal-test"
 
 
 def _episodes(n: int = 3, steps: int = 3) -> list[list]:
     """`n` episodes' events, in the order a pool sends them: started, `steps` steps, finished."""
-    episodes = []
-    for i in range(n):
-        ids = dict(run_id=RUN, trajectory_id=f"t{i}", group_id="g", task_id="sample-task")
-        started = EpisodeStarted(**ids, worker_id="w", instruction="Click", horizon=10, policy_version=0)
-        done = EpisodeFinished(**ids, outcome="success", reward=1.0, num_steps=steps, reason="judge")
-        episodes.append([started, *(sample_step(RUN, "g", f"t{i}", s, "0" * 64, seed=s) for s in range(steps)), done])
-    return episodes
+    return [sample_episode(RUN, "g", f"t{i}", steps, "0" * 64) for i in range(n)]
 
 
 def _dead(journal: EpisodeJournal) -> os.PathLike:

@@ -29,7 +29,7 @@ from rollout.dispatcher import dispatch, task_stream
 from rollout.episode import EpisodeConfig
 from rollout.policy.scripted import OraclePolicy
 from rollout.pool import PoolConfig, RolloutPool
-from schemas import EpisodeFinished, EpisodeStarted, GroupCompleted, StepRecorded
+from schemas import EpisodeFinished, GroupCompleted, StepRecorded
 
 from faults import Publisher, account, ledger_ids, log_ids
 
@@ -297,18 +297,12 @@ def test_a_pool_killed_between_its_journal_and_its_send_loses_no_step_and_duplic
     its ending counting exactly the steps the ledger holds."""
     from rollout.episode_journal import EpisodeJournal, reap
 
-    from samples import sample_step
+    from samples import sample_episode
 
     run_id, directory = f"journal-{uuid.uuid4().hex[:6]}", tmp_path / "journal"
     producer, journal = EventProducer(settings), EpisodeJournal(directory)
     sha = ScreenshotStore.from_settings(settings).put(b"a screenshot the steps name")
-    episodes = []
-    for i in range(3):
-        ids = dict(run_id=run_id, trajectory_id=f"{run_id}-t{i}", group_id=f"{run_id}-g", task_id="t")
-        started = EpisodeStarted(**ids, worker_id="w", instruction="Click", horizon=10, policy_version=0)
-        steps = [sample_step(run_id, ids["group_id"], ids["trajectory_id"], s, sha, seed=s) for s in range(3)]
-        done = EpisodeFinished(**ids, outcome="failure", reward=0.0, num_steps=3, reason="judge")
-        episodes.append([started, *steps, done])
+    episodes = [sample_episode(run_id, f"{run_id}-g", f"{run_id}-t{i}", 3, sha) for i in range(3)]
     sent = episodes[0] + episodes[1][:2] + episodes[2][:-1]  # t1 stopped before its 2nd step's send, t2 its ending's
     for e in sent:
         journal.record(e), producer.publish(e), journal.sent(e)
