@@ -33,6 +33,10 @@ TIMEOUT = timedelta(seconds=30)
 JOIN_TIMEOUT = timedelta(seconds=5)
 POLL_S = 0.1
 """How often a receiver asks the sender's store for the next version (a pushed version waits at most this)."""
+CLOSE_WAIT = timedelta(seconds=2)
+"""How long the sender, closing, waits for its receiver to stop asking: a receiver still polling when
+the store goes away prints a c10d stack trace, though it falls back to the store path all the same."""
+SENDER_CLOSED = "sender/closed"
 KEEP = 2
 """Pushed versions a receiver holds: the trainer pushes version v+1 while v's event may still be on
 its way to the pool (v is announced once stored, v+1 is pushed as soon as it is trained)."""
@@ -93,6 +97,17 @@ class WeightSender:
             return None
         return time.perf_counter() - t0
 
+    def close(self) -> None:
+        """Tell the receiver that no version will come this way and give it `CLOSE_WAIT` to stop
+        asking, so the store goes away between two of its questions, not under one."""
+        generation = self._store.add("receivers", 0)
+        self._store.set(SENDER_CLOSED, b"1")
+        if generation in (0, self._dead) or self._store.check([f"g{generation}/closed"]):
+            return
+        deadline = time.monotonic() + CLOSE_WAIT.total_seconds()
+        while not self._store.check([f"g{generation}/bye"]) and time.monotonic() < deadline:
+            time.sleep(POLL_S / 2)
+
 
 @dataclass(frozen=True)
 class Pushed:
@@ -115,6 +130,7 @@ class WeightReceiver:
         """Versions received so far."""
         self._lock = threading.Lock()
         self._closed = threading.Event()
+        self._sender_gone = False
         self._thread = threading.Thread(target=self._run, name="awrl-push-receiver", daemon=True)
         self._thread.start()
 
@@ -136,7 +152,13 @@ class WeightReceiver:
             try:
                 if self._store.check([key]):
                     return True
+                if self._store.check([SENDER_CLOSED]):  # the trainer finished: say goodbye, then stop asking
+                    self._sender_gone = True
+                    self._store.set(f"g{self.generation}/bye", b"1")
+                    log.info("weight push: the trainer closed it; loading versions from the store")
+                    return False
             except dist.DistError:  # the trainer went away: the store path delivers from now on
+                self._sender_gone = True
                 log.warning("weight push: the trainer closed the connection; loading versions from the store")
                 return False
             self._closed.wait(POLL_S)  # not yet: the trainer publishes when it publishes
@@ -177,6 +199,9 @@ class WeightReceiver:
 
     def close(self) -> None:
         self._closed.set()
+        if self._sender_gone:  # its store with it: a `set` would print a c10d stack trace
+            self._thread.join(timeout=5)
+            return
         with contextlib.suppress(dist.DistError):  # the trainer may be gone already
             self._store.set(f"g{self.generation}/closed", b"1")
         self._thread.join(timeout=5)

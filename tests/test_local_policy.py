@@ -504,6 +504,32 @@ def test_a_pushed_version_loads_from_memory_and_anything_else_from_the_checkpoin
     assert "waitForInput" not in capfd.readouterr().err
 
 
+def test_a_trainer_that_closes_its_push_leaves_the_receiver_quiet(model_dir, capfd):
+    """The trainer's exit: its sender says it is closing and waits for the receiver's goodbye, so the
+    store goes away between two of the receiver's questions. Before, the receiver's next `check` (and
+    the pool's `close`) hit a dead socket and c10d printed a C++ stack trace into the run's log."""
+    import gc
+    import socket
+
+    from model.push import WeightSender
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{s.getsockname()[1]}"
+    sender = WeightSender(address)
+    pol = LocalPolicy(model_dir, max_new_tokens=4, push_address=address)
+    time.sleep(0.3)  # the receiver is asking for its first version
+    t0 = time.monotonic()
+    sender.close()
+    assert time.monotonic() - t0 < 1.5, "the receiver's goodbye did not come"
+    del sender
+    gc.collect()  # the store's server goes with the sender
+    time.sleep(0.5)
+    pol.close()
+    err = capfd.readouterr().err
+    assert "Exception raised from" not in err and "sendBytes failed" not in err, err[-2000:]
+
+
 def test_a_pool_built_after_the_trainer_closed_its_push_loads_from_the_store(monkeypatch):
     """A sync run's new pool can start just as its trainer, done with its `max_updates`, closes the
     push: no sender answers, and the policy takes its versions from the store instead of failing."""

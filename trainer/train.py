@@ -155,6 +155,8 @@ def main(argv: list[str] | None = None) -> None:
         log.info("waited %.1fs in all for versions to be stored", t.writer.waited_s)
         t.builder.close()
         t.producer.close()
+        if t.sender:
+            t.sender.close()
     dist.destroy_process_group()
 
 
