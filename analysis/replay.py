@@ -74,6 +74,7 @@ VARIANTS: dict[str, dict[str, object]] = {
     "token": {"grpo.normalizer": "token"},
     "dr-grpo": {"grpo.normalizer": "token", "grpo.scale_by_std": False},
     "action-tokens": {"tokens.pg": "action"},
+    "argument-tokens": {"tokens.pg": "arguments"},
     "action-tokens-scaffold-kl": {"tokens.pg": "action", "tokens.kl": "scaffold"},
     "raft": {"loss": "raft"},
     "tight-clip": {"ppo.eps_low": 0.1, "ppo.eps_high": 0.1},

@@ -3,6 +3,7 @@
     .venv/bin/python bench/controlled.py [--targets red,blue,green,black,colour] [--seeds 3]
         [--first-seed 0] [--controls] [--warm-start DIR] [--rl-updates 80] [--rl-minutes 20] [--kl-coef 0]
         [--train KEY=VALUE ...] [--anchor-coef 0] [--warm-start-run warm] [--probe] [--demo-templates named]
+        [--arm NAME:KEY=VALUE,... ...]
 
 Each run is `tests/test_learning.py`'s real run (`app.learning.controlled`) on one local stack: RL on
 "click the <target> box" (or `colour`: the colour the instruction names) from a warm start at chance,
@@ -18,7 +19,9 @@ read from the ledger as the run `--warm-start-run`'s (`warm`, the id the shared 
 their screenshots are copied into each run's own bucket, where its trainer fetches them.
 `--demo-templates named,pick` builds the warm start from both kinds of demonstrations (the boxes suite's
 docstring says why). `--probe` runs `analysis.probe.colour_probe` on the warm start and on each run's final
-version (does the mark depend on the instruction's colour word?). A run *collapses* when its final success
+version (does the mark depend on the instruction's colour word?). `--arm fast:lr=6e-4,rl_updates=80` runs
+each seed once per arm, on the same warm start, with the arm's fields over `--train` (and `rl_updates`
+over `--rl-updates`): variants side by side, the warm start's variance shared. A run *collapses* when its final success
 is below its warm start. Prints the table and the collapse rate, draws success on the training tasks against
 policy version for every run (bench/out/controlled.png), writes bench/out/controlled.json. Each run writes its
 checkpoints to a bucket of its own, removed once its row is taken (a version with its optimizer state is
@@ -57,13 +60,13 @@ def main(
     probe: bool = False,
     tag: str = "",
     demo_templates: str = "named",
+    arm: list[str] = typer.Option([], help="NAME:KEY=VALUE,...: a variant run beside the others on each seed"),
 ) -> None:
     from analysis import connect
     from analysis.curves import compare_versions_png, success_by_version
     from analysis.probe import colour_probe
     from analysis.replay import parse_values, set_fields
-    from app.learning import _published, controlled, controlled_warm_start, run_learning, share_demonstrations
-    from pipeline.checkpoints import CheckpointStore
+    from app.learning import controlled, controlled_warm_start, final_policy, run_learning, share_demonstrations
     from pipeline.s3 import remove_bucket
     from pipeline.store import ScreenshotStore
 
@@ -77,11 +80,14 @@ def main(
             )
         if probe:
             console.print(f"probe of the warm start {warm_start}: {colour_probe(warm_start)}")
-        arms = ("none", "shuffled_rewards") if controls else ("none",)
+        variants = dict(_arm(a) for a in arm) or {"": {}}
+        runs = [(v, c) for v in variants for c in (("none", "shuffled_rewards") if controls else ("none",))]
         for seed in range(first_seed, first_seed + seeds):
             for target in targets.split(","):
-                for control in arms:
-                    run_id = f"{target}-s{seed}{tag}" + ("-control" if control != "none" else "")
+                for name, control in runs:
+                    fields = {**overrides, **variants[name]}
+                    updates = fields.pop("rl_updates", rl_updates)
+                    run_id = f"{target}-s{seed}{tag}{name and '-' + name}" + ("-control" if control != "none" else "")
                     t0 = time.monotonic()
                     own = settings.model_copy(update={"s3_bucket": f"awrl-{run_id}"})
                     ScreenshotStore.from_settings(own).ensure_bucket()
@@ -93,20 +99,19 @@ def main(
                         control=control,
                         warm_start=warm_start,
                         target=target,
-                        rl_updates=rl_updates,
+                        rl_updates=updates,
                         rl_minutes=rl_minutes,
                         seed=seed,
                         anchor_coef=anchor_coef,
                         warm_start_run=warm_start_run,
                     )
                     if kl_coef is not None:
-                        overrides["kl_coef"] = kl_coef
-                    config = replace(config, train=set_fields(config.train, overrides))
+                        fields["kl_coef"] = kl_coef
+                    config = replace(config, train=set_fields(config.train, fields))
                     run = run_learning(own, config, say=console.print)
                     probed = None
                     if probe:
-                        versions = _published(own, run_id)
-                        probed = colour_probe(CheckpointStore.from_settings(own).download(versions[max(versions)]))
+                        probed = colour_probe(final_policy(own, run_id))
                         console.print(f"probe of {run_id}'s final version: {probed}")
                     curves[run_id] = success_by_version(connect(settings), run_id)
                     remove_bucket(own)
@@ -125,7 +130,7 @@ def main(
                             "episodes": run.rl.episodes,
                             "points": [(p.stage, p.policy_version, p.rate) for p in run.points],
                             "probe": None if probed is None else vars(probed),
-                            "train": overrides,
+                            "train": fields,
                             "seconds": time.monotonic() - t0,
                         }
                     )
@@ -155,6 +160,14 @@ def main(
         f"collapses: {len(collapsed)} of {len(real)} runs {collapsed}; smallest rise "
         f"{min(r['change'] for r in real):+.2f} (the goal: >= +0.40 on every run)"
     )
+
+
+def _arm(text: str) -> tuple[str, dict]:
+    """`NAME:KEY=VALUE,...` -> (NAME, {KEY: VALUE}); values parsed as `--train`'s are."""
+    from analysis.replay import parse_values
+
+    name, _, fields = text.partition(":")
+    return name, parse_values([f for f in fields.split(",") if f])
 
 
 if __name__ == "__main__":

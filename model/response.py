@@ -13,7 +13,7 @@ import json
 import re
 
 _ACTION_KEY = re.compile(r'"action"\s*:\s*\{')
-_FIELD = re.compile(r'"[^"\\]*"\s*:\s*("(?:[^"\\]|\\.)*"|-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?|true|false|null)')
+_FIELD = re.compile(r'"([^"\\]*)"\s*:\s*("(?:[^"\\]|\\.)*"|-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?|true|false|null)')
 _DECODER = json.JSONDecoder()
 
 
@@ -27,9 +27,10 @@ def token_ends(tokenizer, token_ids: list[int]) -> list[int]:
     return ends
 
 
-def decision_spans(text: str) -> list[tuple[int, int]]:
+def decision_spans(text: str, kind: bool = True) -> list[tuple[int, int]]:
     """Character spans of the response's decision: the values of the action object's fields (`kind`
-    included: clicking instead of typing is a decision too); where the response does not parse, the
+    included: clicking instead of typing is a decision too; with `kind=False` the arguments only, the
+    kind where the action has none); where the response does not parse, the
     character at which it went wrong (JSON's error position, or the `}` that closed the object without
     an action), since that token, not the well-formed prefix shared with every good response, is what
     a low reward should push down."""
@@ -46,13 +47,15 @@ def decision_spans(text: str) -> list[tuple[int, int]]:
     if not isinstance(obj, dict) or not isinstance(obj.get("action"), dict) or match is None:
         return [(end - 1, end)]
     _, action_end = _DECODER.raw_decode(text, match.end() - 1)
-    return [m.span(1) for m in _FIELD.finditer(text, match.end() - 1, action_end)]
+    fields = list(_FIELD.finditer(text, match.end() - 1, action_end))
+    arguments = [m for m in fields if m.group(1) != "kind"]
+    return [m.span(2) for m in (fields if kind or not arguments else arguments)]
 
 
-def decision_token_mask(tokenizer, token_ids: list[int]) -> list[bool]:
+def decision_token_mask(tokenizer, token_ids: list[int], kind: bool = True) -> list[bool]:
     """True for each response token that overlaps the decision (`decision_spans`)."""
     ends = token_ends(tokenizer, token_ids)
-    spans = decision_spans(tokenizer.decode(token_ids, skip_special_tokens=False))
+    spans = decision_spans(tokenizer.decode(token_ids, skip_special_tokens=False), kind)
     starts = [0, *ends[:-1]]
     mask = [any(s < b and a < e for a, b in spans) for s, e in zip(starts, ends)]
     return mask if any(mask) else [True] * len(token_ids)  # an error past the last token: all of it

@@ -50,6 +50,25 @@ def test_decision_spans_are_the_action_values_or_where_the_response_broke():
     assert decision_spans("not json at all") == [(0, 1)]
 
 
+def test_the_arguments_leave_the_kind_to_the_scaffold():
+    """`tokens.pg="arguments"`: the action's values but its kind (a `colour` run at lr 1e-3 with the kind
+    in the gradient wrote the colour word into it); an action with no argument keeps its kind."""
+    assert [RESPONSE[a:b] for a, b in decision_spans(RESPONSE, kind=False)] == ["2"]
+    text = '{"action": {"kind": "type", "text": "hi", "mark": 7}}'
+    assert [text[a:b] for a, b in decision_spans(text, kind=False)] == ['"hi"', "7"]
+    bare = '{"action": {"kind": "scroll"}}'
+    assert [bare[a:b] for a, b in decision_spans(bare, kind=False)] == ['"scroll"']
+    broken = '{"action": {"kind": "click", "mark": 0"}}'
+    assert decision_spans(broken, kind=False) == decision_spans(broken)  # where it broke, either way
+    tok, ids = _policy().tokenizer, _ids(RESPONSE)
+    chosen = "".join(tok.decode([i]) for i, m in zip(ids, decision_token_mask(tok, ids, kind=False)) if m)
+    assert chosen.strip() == "2", chosen
+    assert TokenSelection(pg="action").kind_decides and not TokenSelection(pg="arguments").kind_decides
+    entropy = torch.zeros(3)
+    pg, kl = select_tokens(TokenSelection(pg="arguments", kl="scaffold"), entropy, lambda: [False, False, True])
+    assert pg.tolist() == [False, False, True] and kl.tolist() == [True, True, False]
+
+
 def test_decision_token_mask_marks_the_digit_and_the_kind():
     tok, ids = _policy().tokenizer, _ids(RESPONSE)
     mask = decision_token_mask(tok, ids)

@@ -207,7 +207,7 @@ def accumulate_gradients(
             s.success,
             s.trajectory_steps,
             num_trajectories,
-            lambda s=s: decision_token_mask(scorer.tokenizer, s.response_token_ids),
+            lambda s=s: decision_token_mask(scorer.tokenizer, s.response_token_ids, config.tokens.kind_decides),
         )
         loss, _ = policy_loss(config, b)  # the batch's statistics come from `update_stats`, over every rank
         (loss if s.live else loss * 0.0).backward()
@@ -275,7 +275,9 @@ def anchor_gradients(
     for s, inputs in scorer.samples(demonstrations):
         n = len(s.response_token_ids)
         logprobs, _ = score(scorer.model, inputs, n, scorer.suppress, config.temperature)  # [n]
-        decision = functools.partial(decision_token_mask, scorer.tokenizer, s.response_token_ids)
+        decision = functools.partial(
+            decision_token_mask, scorer.tokenizer, s.response_token_ids, config.tokens.kind_decides
+        )
         mask = anchor_mask(config.anchor.tokens, n, decision, logprobs.device)  # [n]
         nll = anchor_loss(logprobs, mask)  # 0-d
         loss = config.anchor.coef / drawn * nll

@@ -11,8 +11,9 @@ bound is").
 
 Tokens (`tokens`):
 - `scaffold`: every response token except the action's values (`model.response`, the tokens
-  `tokens.pg="action"` trains): the demonstration's decision is the oracle's, which RL is there to
-  change, so cloning it would pull against the reward;
+  `tokens.pg="action"` trains; with `tokens.pg="arguments"` the kind is scaffold too): the
+  demonstration's decision is the oracle's, which RL is there to change, so cloning it would pull
+  against the reward;
 - `all`: every response token (plain SFT on the demonstrations).
 """
 

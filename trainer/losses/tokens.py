@@ -10,6 +10,10 @@ that a larger budget made into collapse (bench/RESULTS.md). The options:
   response instead would push down the well-formed prefix it shares with every good response, which
   no positive advantage pushes back up once good responses carry the gradient on their action alone:
   measured, that wore the format down to 53-65% invalid actions within 7 versions (bench/RESULTS.md).
+- `pg="arguments"`: the same without the action's `kind`, where a task's kind never changes (every
+  boxes action is a click): the kind is then scaffold, which the SFT anchor holds. With the kind in
+  the gradient, a `colour` run at lr 1e-3 wrote the colour word into it (`"kind": blue box"`) and
+  lost its format: every action invalid within 6 versions (bench/RESULTS.md).
 - `pg="entropy"`: on the `entropy_share` of each step's tokens where the policy is least certain (Wang
   et al. 2025, "Beyond the 80/20 Rule", arXiv 2506.01939: RLVR's gains come from the high-entropy
   forking tokens; training on the top 20% alone matched or beat all tokens).
@@ -36,14 +40,19 @@ import torch
 
 @dataclass(frozen=True)
 class TokenSelection:
-    pg: Literal["all", "action", "entropy"] = "all"
-    """Tokens of the policy-gradient objective: every response token, the action's values, or the
-    highest-entropy `entropy_share` of each step's."""
+    pg: Literal["all", "action", "arguments", "entropy"] = "all"
+    """Tokens of the policy-gradient objective: every response token, the action's values, its values
+    but the kind, or the highest-entropy `entropy_share` of each step's."""
     entropy_share: float = 0.2
     """With `pg="entropy"`: the share of each step's tokens kept (at least one)."""
     kl: Literal["all", "scaffold", "action"] = "all"
     """Tokens of the KL penalty (`kl_coef`): every token, those outside the policy gradient, or those of
     the policy gradient only."""
+
+    @property
+    def kind_decides(self) -> bool:
+        """Whether the action's kind is part of the decision (`model.response.decision_token_mask`'s `kind`)."""
+        return self.pg != "arguments"
 
     def __post_init__(self) -> None:
         if not 0 < self.entropy_share <= 1:
@@ -58,14 +67,14 @@ class TokenSelection:
 def select_tokens(
     config: TokenSelection,
     entropy: torch.Tensor,  # [n] the policy's entropy at each response token (detached)
-    decision_mask: Callable[[], list[bool]],  # the decision's tokens (`model.response`), computed on demand
+    decision_mask: Callable[[], list[bool]],  # the decision's tokens (`model.response`, `kind_decides`), on demand
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(pg_mask [n], kl_mask [n]) of one step's response tokens."""
     n = entropy.shape[0]
     every = torch.ones(n, dtype=torch.bool, device=entropy.device)  # [n]
     if config.pg == "all":
         return every, every
-    if config.pg == "action":
+    if config.pg in ("action", "arguments"):
         pg = torch.tensor(decision_mask(), dtype=torch.bool, device=entropy.device)  # [n]
     else:
         k = max(1, math.ceil(config.entropy_share * n))
