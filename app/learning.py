@@ -70,8 +70,8 @@ READING_TRAIN = CONTROLLED_TRAIN.model_copy(
 this budget broke the format in every run (invalid actions 0.5-0.9). With it, from a `named` warm start,
 held-out `colour` success rose 0.17-0.23 -> 0.64-0.84 in 3 runs of 6 and stayed at chance in the
 others; from a `READING_DEMOS` warm start it rose in 3 runs of 3 (+0.44, +0.34, +0.18, bench/RESULTS.md).
-The same sum of learning rates in half the steps (lr 6e-4, 80 steps) rose in 2 runs of 3; lr 1e-3 lost
-the output format in 1 run of 2. `awrl demo --config colour`; not yet the CI's learning test."""
+The same sum of learning rates in half the steps (lr 6e-4, 80 steps) rose in 2 runs of 3; at lr 1e-3
+3 runs of 6 lost the output format. `awrl demo --config colour`; not yet the CI's learning test."""
 READING_ANCHOR = 1.0
 """gamma of the SFT anchor (PPO-ptx) that holds the response's scaffold while RL moves the decision."""
 CONTROLLED_DEMOS = ("named",)

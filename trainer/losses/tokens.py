@@ -12,8 +12,9 @@ that a larger budget made into collapse (bench/RESULTS.md). The options:
   measured, that wore the format down to 53-65% invalid actions within 7 versions (bench/RESULTS.md).
 - `pg="arguments"`: the same without the action's `kind`, where a task's kind never changes (every
   boxes action is a click): the kind is then scaffold, which the SFT anchor holds. With the kind in
-  the gradient, a `colour` run at lr 1e-3 wrote the colour word into it (`"kind": blue box"`) and
-  lost its format: every action invalid within 6 versions (bench/RESULTS.md).
+  the gradient, `colour` runs at lr 1e-3 wrote the colour word into it (`"kind": blue box"`) and lost
+  their format. Measured, it moves that failure and does not cure it: with the kind held, the mark's
+  digits lost their mass instead (bench/RESULTS.md); lr 3e-4 is what has held.
 - `pg="entropy"`: on the `entropy_share` of each step's tokens where the policy is least certain (Wang
   et al. 2025, "Beyond the 80/20 Rule", arXiv 2506.01939: RLVR's gains come from the high-entropy
   forking tokens; training on the top 20% alone matched or beat all tokens).
