@@ -111,7 +111,7 @@ class RunLedger:
     def __init__(self, settings: StackSettings, run_id: str):
         self.settings, self.run_id = settings, run_id
         self.checkpoints = CheckpointStore.from_settings(settings)
-        self.fetch = ScreenshotStore.from_settings(settings).get
+        self.fetch = ScreenshotStore.from_settings(settings).cached_get()
         self.updates: list[UpdateApplied] = sorted(self._events("UpdateApplied"), key=lambda u: u.update_step)
         self._versions = {v.version: v for v in self._events("PolicyVersionPublished")}
         self._groups = {g.group_id: g for g in self._events("GroupCompleted")}

@@ -64,6 +64,10 @@ class RunConfig:
     """Trainer processes."""
     trainer_cpus: str | None = None
     """Cores the trainer runs on (`taskset -c` syntax, e.g. "1"); None: wherever the OS puts it."""
+    threads: int | None = None
+    """Intra-op threads of each trainer process and of the pool's local model. None: in async mode, where
+    both compute at once, the cores split evenly among them (`trainer.launch.thread_share`), unless
+    `trainer_cpus` places the trainer; in sync mode, where they take turns, torch's default in each."""
     train: TrainConfig = TrainConfig(run_id="", groups_per_update=2)
     """Trainer hyper-parameters (2 groups a version: the default pool's 2 workers x G=2); the run sets
     `run_id`, `model_dir` (`rollout.model_dir`) and `eta`."""
@@ -253,6 +257,9 @@ def run_training(settings: StackSettings, config: RunConfig, on_progress=None, r
         }
     )
     config = replace(config, run_id=run_id, train=train)  # the schedules below read the resolved config
+    threads = _threads(config)
+    if threads is not None and config.rollout.threads is None:
+        config = replace(config, rollout=replace(config.rollout, threads=threads))
     progress, stop = RunProgress(), threading.Event()
     producer = EventProducer(settings, client_id="run")
     if record:
@@ -275,7 +282,7 @@ def run_training(settings: StackSettings, config: RunConfig, on_progress=None, r
     tensorboard = LiveTensorBoard(settings, run_id, config.tensorboard) if config.tensorboard else None
     with open(logs / "trainer.log", "w") as tlog, open(logs / "ledger.log", "w") as llog:
         ledger = start_child([sys.executable, "-m", "app.cli", "ledger", "sync", "--follow"], env, llog)
-        trainer = launch.start(train, config.nproc, env, log=tlog, cpus=config.trainer_cpus)
+        trainer = launch.start(train, config.nproc, env, log=tlog, cpus=config.trainer_cpus, threads=threads)
         progress.started = time.monotonic()
         deadline = progress.started + config.minutes * 60
         ticker = threading.Thread(target=_tick, args=(progress, stop, on_progress), daemon=True)
@@ -315,6 +322,13 @@ def run_training(settings: StackSettings, config: RunConfig, on_progress=None, r
         informative.share,
         informative.per_minute,
     )
+
+
+def _threads(config: RunConfig) -> int | None:
+    """`RunConfig.threads` resolved: the trainer's processes and a pool with a local model share the cores."""
+    if config.threads is not None or config.mode == "sync" or config.trainer_cpus is not None:
+        return config.threads
+    return launch.thread_share(config.nproc, beside=int(config.rollout.policy in ("local", "demo")))
 
 
 def _informative_groups(settings: StackSettings, run_id: str):

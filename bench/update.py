@@ -9,6 +9,9 @@ run, each figure the median of `reps`:
   2 processes (gloo)   the same batch over `torchrun --nproc_per_node 2`, FSDP2-sharded as the trainer is
   no prefetch          1 process, each sample's screenshots fetched just before its forward
   2 minibatches        1 process, pi_prox scored in a separate no-grad pass, then 2 optimizer steps
+  fetched each time    1 process, every read of a screenshot a GET to S3 (the trainer reads each
+                       screenshot once per epoch; before `ScreenshotStore.cached_get` it fetched it
+                       each time; the timed reps read the batch again, as epochs 2+ do)
 Ratios are against "1 process". Writes bench/out/trainer.json.
 """
 
@@ -116,7 +119,8 @@ def worker(batch_path: str, mode: str, reps: int, out_path: str) -> None:
     model = shard_model(model.train(), init_device_mesh("cpu", (world,)))  # the trainer's FSDP2 path
     optimizer = FSDPOptimizer(model, lr=1e-5, weight_decay=0.0)
     store = ScreenshotStore.from_settings(StackSettings())
-    scorer = Scorer(model, tokenizer, processor, suppressed_token_ids(tokenizer), store.get)
+    fetch = store.get if mode == "uncached" else store.cached_get()  # the trainer's, `trainer.train`
+    scorer = Scorer(model, tokenizer, processor, suppressed_token_ids(tokenizer), fetch)
     config = TrainConfig(run_id="bench", lr=1e-5, minibatches=2 if mode == "minibatches" else 1)
     if mode == "no_prefetch":
         import trainer.update as update
@@ -150,6 +154,7 @@ def main(groups: int = 4, reps: int = 3) -> None:
         ("2 processes (gloo)", 2, "plain"),
         ("no prefetch", 1, "no_prefetch"),
         ("2 minibatches", 1, "minibatches"),
+        ("fetched each time", 1, "uncached"),
     ]
     results = {}
     with tempfile.TemporaryDirectory() as d:

@@ -9,10 +9,12 @@ The S3 client and the wait for a store that is down or full are `pipeline.s3`'s.
 from __future__ import annotations
 
 import io
-from collections.abc import Iterable
+import threading
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+import cachetools
 from minio import Minio
 from minio.error import S3Error
 
@@ -20,6 +22,8 @@ from pipeline.hashing import sha256_hex
 from pipeline.s3 import STORE_PATIENCE_S, minio_client, patiently
 from pipeline.settings import StackSettings
 
+READER_CACHE_BYTES = 256 * 1024 * 1024
+"""What a reader's cache (`ScreenshotStore.cached_get`) holds at most: a batch of ~1,000 large screenshots."""
 MAX_SCREENSHOT_BYTES = 16 * 1024 * 1024
 """Larger "screenshots" are rejected: a 4K PNG is ~10 MB, anything bigger is a bug or an attack."""
 
@@ -120,6 +124,13 @@ class ScreenshotStore:
         if actual != sha256:
             raise ScreenshotCorrupted(f"object {self.key(sha256)} hashes to {actual}")
         return data
+
+    def cached_get(self, max_bytes: int = READER_CACHE_BYTES) -> Callable[[str], bytes]:
+        """`get` behind a thread-safe LRU cache of up to `max_bytes`. Bytes never change under their hash,
+        so nothing can go stale: a reader that reads the same screenshots again (the trainer, every epoch
+        and every anchor step) fetches and verifies each once, instead of spending its CPU on HTTP."""
+        cache = cachetools.LRUCache(max_bytes, getsizeof=len)
+        return cachetools.cached(cache, lock=threading.Lock())(self.get)
 
     def _fetch(self, sha256: str) -> bytes:
         try:

@@ -57,11 +57,12 @@ def make_policy(
     temperature: float = 1.0,
     max_batch: int = 64,
     push_address: str | None = None,
+    threads: int | None = None,
 ) -> Policy:
     """`demo`: the oracle's actions (a random action with probability `noise`) as the local model's
     tokens and log-probs (`rollout.policy.scored`). `checkpoints`: a `CheckpointStore` through which
     model backends load s3:// versions. `push_address`: the local model also takes versions the trainer
-    pushes there (`model.push`)."""
+    pushes there (`model.push`). `threads`: the local model's intra-op threads (`RolloutRequest.threads`)."""
     if name == "demo":
         from rollout.policy.scored import NoisyPolicy, ScoredPolicy
 
@@ -70,7 +71,15 @@ def make_policy(
             script = NoisyPolicy(script, make_policy("random", suites, seed=seed), noise, seed=seed)
         return ScoredPolicy(
             script,
-            make_policy("local", suites, model_dir, seed=seed, checkpoints=checkpoints, push_address=push_address),
+            make_policy(
+                "local",
+                suites,
+                model_dir,
+                seed=seed,
+                checkpoints=checkpoints,
+                push_address=push_address,
+                threads=threads,
+            ),
         )
     if name == "oracle":
         from rollout.policy.scripted import OraclePolicy
@@ -85,7 +94,8 @@ def make_policy(
 
         # Chromium needs the cores torch's second thread would spin on: measured on 2 cores, MiniWoB++ at
         # 4 workers ran 1.33 episodes/s with one torch thread, 0.99 with two (boxes, no browser: 9.0 vs 11.0).
-        threads = 1 if any(s.needs_browser for s in suites.values()) else None
+        if threads is None:
+            threads = 1 if any(s.needs_browser for s in suites.values()) else None
         return LocalPolicy(
             model_dir,
             seed=seed,
@@ -169,6 +179,9 @@ class RolloutRequest:
     not `enabled`, a seeded shuffle of every task."""
     curriculum_from: tuple[str, ...] = ()
     """Earlier runs whose ledgered outcomes seed the curriculum (e.g. the warm start's evaluation)."""
+    threads: int | None = None
+    """The local model's intra-op threads (torch's, process-wide, given back when the pool stops); None:
+    1 beside browsers, else torch's default. `awrl run` sets its share of the cores (`RunConfig.threads`)."""
 
 
 def run_rollout(
@@ -198,6 +211,7 @@ def run_rollout(
             temperature=req.temperature,
             max_batch=req.max_batch,
             push_address=req.push_address,
+            threads=req.threads,
         )
         if req.policy == "vllm" and req.model_dir is not None and req.min_version == 0:
             # The server serves whatever it last loaded: make version 0 the weights this run starts from.

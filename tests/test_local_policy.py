@@ -544,3 +544,13 @@ def test_a_pool_built_after_the_trainer_closed_its_push_loads_from_the_store(mon
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # a port nobody serves
     assert _receiver(f"127.0.0.1:{port}") is None
+
+
+def test_a_pool_that_shared_the_cores_gives_the_process_its_threads_back(model_dir):
+    """`awrl run` gives the pool's model its share of the cores; the learning loop's evaluations run in
+    the same process after it, and must get every core back."""
+    before = torch.get_num_threads()
+    policy = LocalPolicy(model_dir, num_threads=1)
+    assert torch.get_num_threads() == 1
+    policy.close()
+    assert torch.get_num_threads() == before

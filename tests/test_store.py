@@ -40,6 +40,26 @@ def test_tampered_object_fails_verification(stack, pages):
         store.get(digest)
 
 
+def test_a_readers_cache_fetches_each_screenshot_once_and_keeps_only_verified_bytes(stack, pages):
+    store = ScreenshotStore.from_settings(stack.settings())
+    store.prefix = "test-cache"
+    first, second, third = (store.put(p) for p in pages[:3])
+    get = store.cached_get(max_bytes=len(pages[0]) + len(pages[1]))  # room for two
+    assert get(first) == pages[0]
+    evil = b"not the screenshot"
+    store.client.put_object(store.bucket, store.key(first), io.BytesIO(evil), len(evil))
+    assert get(first) == pages[0]  # served from the cache: fetched once, verified then
+    store.client.put_object(store.bucket, store.key(second), io.BytesIO(evil), len(evil))
+    with pytest.raises(ScreenshotCorrupted):  # a failed read is not cached: it fails again, never passes
+        get(second)
+    with pytest.raises(ScreenshotCorrupted):
+        get(second)
+    assert get(third) == pages[2]
+    get(store.put(pages[3]))  # the least recently used, `first`, leaves the cache
+    with pytest.raises(ScreenshotCorrupted):
+        get(first)
+
+
 def test_oversized_screenshot_rejected(stack):
     store = ScreenshotStore.from_settings(stack.settings())
     size = MAX_SCREENSHOT_BYTES + 1

@@ -51,6 +51,22 @@ def test_a_short_run_trains_and_reaches_the_ledger(settings, tmp_path, mode):
     _the_viewer_shows_a_real_step(settings, con, summary.run_id)
 
 
+def test_the_trainer_and_the_pool_split_the_cores_when_they_compute_at_once():
+    """Every process at torch's default gets every core, and OpenMP threads spin-wait on each other's
+    (bench/threads.py): async with a local model splits them; sync takes turns; an explicit count wins."""
+    from app.training import _threads
+    from trainer.launch import thread_share
+
+    assert [thread_share(1, 1, cores=c) for c in (1, 2, 3, 16)] == [1, 1, 1, 8]
+    assert thread_share(2, 1, cores=16) == 5 and thread_share(4, 0, cores=16) == 4
+    local = replace(RunConfig().rollout, policy="local")
+    assert _threads(RunConfig(rollout=local)) == thread_share(1, 1)
+    assert _threads(RunConfig(rollout=replace(local, policy="vllm"), nproc=2)) == thread_share(2, 0)
+    assert _threads(RunConfig(mode="sync", rollout=local)) is None
+    assert _threads(RunConfig(rollout=local, trainer_cpus="1")) is None
+    assert _threads(RunConfig(mode="sync", rollout=local, threads=3)) == 3
+
+
 def _tensorboard_matches_the_ledger(con, run_id: str, logdir) -> None:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import tempfile
@@ -35,6 +36,15 @@ class Nodes:
         return None
 
 
+def thread_share(nproc: int, beside: int = 0, cores: int | None = None) -> int:
+    """Intra-op threads for each of `nproc` trainer processes that share this host's CPU with `beside`
+    other computing processes (a pool with a local model): the cores split evenly, at least 1 each.
+    torch's default gives every process every core, and OpenMP threads then spin-wait on each other:
+    on 2 cores a trainer step beside a sampling pool took 3-4x as long (bench/threads.py)."""
+    cores = cores or len(os.sched_getaffinity(0))
+    return max(1, cores // (nproc + beside))
+
+
 def torchrun_command(config: TrainConfig, config_path: Path, nproc: int, nodes: Nodes = Nodes()) -> list[str]:
     """The launch; `python -m torch.distributed.run` is what the `torchrun` script runs."""
     if problem := nodes.problem():
@@ -60,11 +70,15 @@ def start(
     log: IO | None = None,
     cpus: str | None = None,
     nodes: Nodes = Nodes(),
+    threads: int | None = None,
 ) -> subprocess.Popen:
     """Start the trainer in `nproc` processes, a child of this process (`start_child`; stop it with
     `stop_child`: nothing is lost, a restarted trainer resumes from the last published version). `cpus`:
     run them on these cores only (`taskset -c`, e.g. "1"), as when rollout and training each get
-    their own share of the machine."""
+    their own share of the machine. `threads`: each process's intra-op threads (`OMP_NUM_THREADS`, which
+    torch reads at start-up; `thread_share`); None: the environment's, else torch's default."""
+    if threads is not None:
+        env = {**(os.environ if env is None else env), "OMP_NUM_THREADS": str(threads)}
     path = Path(tempfile.mkdtemp(prefix="awrl-train-")) / "config.json"
     path.write_text(config.model_dump_json(indent=2))
     command = torchrun_command(config, path, nproc, nodes)

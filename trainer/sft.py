@@ -113,7 +113,11 @@ def train_sft(
     model, tokenizer, processor = load_policy(ensure_policy(config.model_dir))
     model.train()
     scorer = Scorer(
-        model, tokenizer, processor, suppressed_token_ids(tokenizer), ScreenshotStore.from_settings(settings).get
+        model,
+        tokenizer,
+        processor,
+        suppressed_token_ids(tokenizer),
+        ScreenshotStore.from_settings(settings).cached_get(),
     )
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr)
     rng = random.Random(config.seed)

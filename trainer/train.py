@@ -210,7 +210,7 @@ def _start(config: TrainConfig, settings: StackSettings, device: torch.device) -
         tokenizer,
         load_image_processor(base),
         suppressed_token_ids(tokenizer),
-        ScreenshotStore.from_settings(settings).get,
+        ScreenshotStore.from_settings(settings).cached_get(),
     )
     reference = None
     if config.kl_coef:  # pi_ref: version 0, frozen, sharded like the policy

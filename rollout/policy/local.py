@@ -61,6 +61,7 @@ class LocalPolicy:
         `max_batch`: the most prompts decoded together (1: each alone, as before batching).
         `push_address`: the trainer's weight push ("host:port", `model.push`): versions pushed there
         load from memory; None, or a version not pushed: from the checkpoint."""
+        self._threads_before = torch.get_num_threads()  # `close` gives the process its count back
         if num_threads is not None:
             torch.set_num_threads(num_threads)
         path = Path(model_dir) if model_dir is not None else ensure_policy()
@@ -181,9 +182,11 @@ class LocalPolicy:
         self.delivered[version] = delivery
 
     def close(self) -> None:
-        """Stop listening for pushed weights (the model stays usable)."""
+        """Stop listening for pushed weights and give the process back its thread count (the model
+        stays usable): a pool that shared the cores with a trainer must not slow the evaluation after."""
         if self._push is not None:
             self._push.close()
+        torch.set_num_threads(self._threads_before)
 
     def _checkpoint_path(self, uri: str) -> Path:
         if urlparse(uri).scheme == "s3":
