@@ -29,6 +29,7 @@ import pytest
 from app.learning import CONTROLLED_UPDATES, controlled, run_learning
 from pipeline.ledger import read_events
 from rollout.suites.boxes.suite import COLOURS
+from trainer.launch import thread_share
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2700)]
 
@@ -117,6 +118,9 @@ def test_rl_raises_held_out_success_on_the_controlled_task(learned):
         s["policy_version"] for s in read_events(settings, real.run_id, "StepRecorded", ["policy_version"]).to_pylist()
     }
     assert len(versions) >= 3 and max(versions) >= real.rl.version - 2, (RUN, sorted(versions))
+    # the trainer had its share of the cores beside the pool, no more (`RunConfig.threads`)
+    updates = [dict(u["stats"]) for u in read_events(settings, real.run_id, "UpdateApplied", ["stats"]).to_pylist()]
+    assert {u["threads"] for u in updates} == {thread_share(1, beside=1)}, (RUN, updates[:1])
 
 
 def test_rl_on_shuffled_rewards_stays_flat(learned):
