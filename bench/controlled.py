@@ -65,14 +65,14 @@ def main(
     from analysis import connect
     from analysis.curves import compare_versions_png, success_by_version
     from analysis.probe import colour_probe
-    from analysis.replay import parse_values, set_fields
+    from analysis.replay import set_fields
     from app.learning import controlled, controlled_warm_start, final_policy, run_learning, share_demonstrations
     from pipeline.s3 import remove_bucket
     from pipeline.store import ScreenshotStore
 
     rows, curves = [], {}
     tag = tag or (f"-kl{kl_coef:g}" if kl_coef is not None else "")
-    overrides = parse_values(train)
+    overrides, variants = _checked(train, arm)  # before the stack and the warm start: minutes in
     with local_stack() as (_, settings, d):
         if warm_start is None:
             warm_start = controlled_warm_start(
@@ -80,7 +80,6 @@ def main(
             )
         if probe:
             console.print(f"probe of the warm start {warm_start}: {colour_probe(warm_start)}")
-        variants = dict(_arm(a) for a in arm) or {"": {}}
         runs = [(v, c) for v in variants for c in (("none", "shuffled_rewards") if controls else ("none",))]
         for seed in range(first_seed, first_seed + seeds):
             for target in targets.split(","):
@@ -160,6 +159,27 @@ def main(
         f"collapses: {len(collapsed)} of {len(real)} runs {collapsed}; smallest rise "
         f"{min(r['change'] for r in real):+.2f} (the goal: >= +0.40 on every run)"
     )
+
+
+def _checked(train: list[str], arm: list[str]) -> tuple[dict, dict[str, dict]]:
+    """`--train` and `--arm` parsed and tried on the RL stage's `TrainConfig`; a mistake is one line."""
+    from pydantic import ValidationError
+
+    from analysis.replay import parse_values, set_fields
+    from app.learning import CONTROLLED_TRAIN
+
+    try:
+        overrides, variants = parse_values(train), dict(_arm(a) for a in arm) or {"": {}}
+        for fields in variants.values():
+            set_fields(CONTROLLED_TRAIN, {k: v for k, v in {**overrides, **fields}.items() if k != "rl_updates"})
+    except ValidationError as e:
+        error = e.errors()[0]
+        raise typer.BadParameter(
+            f"{'.'.join(map(str, error['loc']))}: {error['msg']}", param_hint="--train/--arm"
+        ) from None
+    except (ValueError, KeyError) as e:
+        raise typer.BadParameter(str(e.args[0]), param_hint="--train/--arm") from None
+    return overrides, variants
 
 
 def _arm(text: str) -> tuple[str, dict]:
