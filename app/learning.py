@@ -207,6 +207,24 @@ def rl_train_config(config: LearningConfig, run_id: str) -> TrainConfig:
     return train.model_copy(update={"anchor": anchor})
 
 
+def rl_rollout(config: LearningConfig, run_id: str, model_dir: Path) -> RolloutRequest:
+    """The RL stage's pool: the local policy from `model_dir` on the training tasks, its curriculum
+    seeded by the SFT evaluation's outcomes."""
+    return RolloutRequest(
+        suite=config.suite,
+        difficulty=config.difficulty,
+        templates=train_templates(config),
+        policy="local",
+        model_dir=model_dir,
+        workers=config.workers,
+        group_size=config.group_size,
+        seed=config.seed,
+        episode=EpisodeConfig(som=True, malformed_reward=config.malformed_reward),
+        curriculum=config.curriculum,
+        curriculum_from=(f"{config.sft_measured_by or run_id}-eval-sft",),
+    )
+
+
 CONTROLLED_UPDATES = 80
 """The controlled test's RL budget: 20 versions of 4 optimizer steps. With the KL penalty the four
 constant targets rose by +0.32 to +0.40 at 20 versions, none collapsing (bench/RESULTS.md)."""
@@ -303,7 +321,6 @@ def run_learning(settings: StackSettings, config: LearningConfig, say: Callable[
     record_start(producer, run_id, "demo", replace(config, run_id=run_id))
     measure = Evaluator(settings, config, run_id, producer, curve, say)
     try:
-        templates = train_templates(config)
         if config.warm_start:
             sft_dir, sft_s = config.warm_start, 0.0
         else:
@@ -321,19 +338,7 @@ def run_learning(settings: StackSettings, config: LearningConfig, say: Callable[
 
         say(f"[3/3] async RL for {config.rl_minutes:g} min from the SFT policy")
         train = rl_train_config(config, run_id)
-        rollout = RolloutRequest(
-            suite=config.suite,
-            difficulty=config.difficulty,
-            templates=templates,
-            policy="local",
-            model_dir=sft_dir,
-            workers=config.workers,
-            group_size=config.group_size,
-            seed=config.seed,
-            episode=EpisodeConfig(som=True, malformed_reward=config.malformed_reward),
-            curriculum=config.curriculum,
-            curriculum_from=(f"{config.sft_measured_by or run_id}-eval-sft",),
-        )
+        rollout = rl_rollout(config, run_id, sft_dir)
         curve.rl = run_training(
             settings,
             RunConfig(

@@ -9,7 +9,8 @@ arm and repeat, the arms alternating: `split` (`RunConfig.threads` None: `traine
 `--recipe colour` is the `colour` recipe (`READING_TRAIN`, 8 optimizer steps a version, the SFT anchor
 on the warm start's demonstrations), `red` the constant target's (`CONTROLLED_TRAIN`, 4 a version).
 Each run stops after `--updates` optimizer steps; prints seconds per optimizer step and episodes per
-minute of each run, and the ratio of the arms' medians.
+minute of each run, and the ratio of the arms' medians. `--warm-start DIR` only with `--recipe red`:
+the `colour` recipe's anchor reads the demonstrations of the warm start built in the run's own stack.
 """
 
 from __future__ import annotations
@@ -35,11 +36,10 @@ def main(updates: int = 40, repeats: int = 2, recipe: str = "colour", warm_start
         READING_TRAIN,
         controlled,
         controlled_warm_start,
+        rl_rollout,
         rl_train_config,
     )
     from app.training import RunConfig, run_training
-    from rollout.episode import EpisodeConfig
-    from rollout.run import RolloutRequest
 
     colour = recipe == "colour"
     cores = len(os.sched_getaffinity(0))
@@ -63,19 +63,9 @@ def main(updates: int = 40, repeats: int = 2, recipe: str = "colour", warm_start
                     seed=r,
                     **extra,
                 )
-                rollout = RolloutRequest(
-                    suite="boxes",
-                    templates=config.templates,
-                    policy="local",
-                    model_dir=warm_start,
-                    workers=config.workers,
-                    group_size=config.group_size,
-                    seed=r,
-                    episode=EpisodeConfig(som=True, malformed_reward=config.malformed_reward),
-                )
                 run = RunConfig(
                     minutes=90,
-                    rollout=rollout,
+                    rollout=rl_rollout(config, run_id, warm_start),
                     train=rl_train_config(config, run_id),
                     run_id=run_id,
                     log_dir=d / "runs",
